@@ -1,0 +1,126 @@
+"""Multi-head attention: self-attention, masked self-attention and cross-attention.
+
+Shape legend: B batch, T query length, S key length, D model dim, H query heads,
+K key/value heads (K divides H; K = H is multi-head attention, K = 1 multi-query), Dh head dim.
+Masks are bool, True = may attend (see masks.py).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnlab.nn.kv_cache import KVCache
+
+IMPLS = ("sdpa", "math")
+
+
+def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                 mask: torch.Tensor | None = None, dropout: float = 0.0,
+                                 impl: str = "sdpa", need_weights: bool = False
+                                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """softmax(Q Kᵀ / √Dh) V, with a query that can see no key giving zeros (never NaN).
+
+    Args:
+        q: (B, H, T, Dh). k, v: (B, H, S, Dh).
+        mask: bool, broadcastable to (B, H, T, S), True = may attend; None = all visible.
+        dropout: dropout on the attention weights (training only; the caller passes 0 in eval).
+        impl: "sdpa" (torch's fused kernel, the FlashAttention path) or "math" (explicit, readable).
+        need_weights: return the (B, H, T, S) attention weights; forces the math path.
+    Returns:
+        (output (B, H, T, Dh), weights (B, H, T, S) or None).
+    Source: Vaswani et al. 2017, §3.2.1, equation (1).
+    """
+    visible = None
+    if mask is not None:
+        visible = mask.any(dim=-1, keepdim=True)  # (B?, 1?, T, 1): does the query see any key?
+        mask = mask | ~visible  # let empty rows attend everywhere, then zero them below
+    if impl == "sdpa" and not need_weights:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+        weights = None
+    else:
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, T, S)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        weights = scores.softmax(dim=-1)
+        if visible is not None:
+            weights = weights * visible
+        out = F.dropout(weights, dropout, training=dropout > 0) @ v  # (B, H, T, Dh)
+    if visible is not None:
+        out = out * visible
+    return out, weights
+
+
+class MultiHeadAttention(nn.Module):
+    """MultiHead(Q, K, V) = Concat(head_1..head_H) W_O, head_i = Attention(Q W_Qi, K W_Ki, V W_Vi).
+
+    Used three ways in the encoder–decoder: encoder self-attention, masked decoder self-attention and
+    encoder–decoder (cross) attention with queries from the decoder and keys/values from the encoder
+    output. Grouped-query attention shares each key/value head among n_heads / n_kv_heads query heads:
+    query head h uses KV head h // (n_heads / n_kv_heads).
+
+    Args:
+        d_model: D. n_heads: H. n_kv_heads: K (None = H).
+        dropout: dropout on the attention weights. bias: biases on the projections.
+        impl: "sdpa" or "math".
+    Raises:
+        ValueError: if D is not divisible by H, H not divisible by K, or impl is unknown.
+    Source: Vaswani et al. 2017, §3.2.2; GQA: Ainslie et al. 2023.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, dropout: float = 0.0,
+                 bias: bool = True, impl: str = "sdpa"):
+        super().__init__()
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        if d_model % n_heads:
+            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+        if n_heads % n_kv_heads:
+            raise ValueError(f"n_heads ({n_heads}) must be divisible by n_kv_heads ({n_kv_heads})")
+        if impl not in IMPLS:
+            raise ValueError(f"attention impl must be one of {IMPLS}, got {impl!r}")
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, d_model // n_heads
+        self.dropout, self.impl = dropout, impl
+        self.q_proj = nn.Linear(d_model, n_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)
+        self.out_proj = nn.Linear(n_heads * self.head_dim, d_model, bias=bias)
+
+    def _split(self, x: torch.Tensor, heads: int) -> torch.Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, heads, self.head_dim).transpose(1, 2)  # (B, heads, T, Dh)
+
+    def project_kv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of a (B, S, D) input: each (B, K, S, Dh). Cross-attention computes these
+        once per source and reuses them at every decoding step."""
+        return self._split(self.k_proj(x), self.n_kv_heads), self._split(self.v_proj(x), self.n_kv_heads)
+
+    def forward(self, x: torch.Tensor, kv_input: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+                cache: KVCache | None = None, kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+                need_weights: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Args:
+            x: (B, T, D) queries' input.
+            kv_input: (B, S, D) keys/values' input (cross-attention); None = self-attention on x.
+            mask: bool, broadcastable to (B, H, T, S), True = may attend.
+            cache: self-attention KV cache; the new keys/values are appended and all are attended.
+            kv: precomputed (k, v), each (B, K, S, Dh), e.g. from project_kv for cross-attention.
+            need_weights: also return the attention weights (math path).
+        Returns:
+            (output (B, T, D), weights (B, H, T, S) or None).
+        """
+        q = self._split(self.q_proj(x), self.n_heads)  # (B, H, T, Dh)
+        if kv is None:
+            k, v = self.project_kv(x if kv_input is None else kv_input)  # (B, K, S, Dh)
+        else:
+            k, v = kv
+        if cache is not None:
+            k, v = cache.update(k, v)  # (B, K, S_cached + T, Dh)
+        if self.n_kv_heads != self.n_heads:
+            rep = self.n_heads // self.n_kv_heads
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)  # (B, H, S, Dh)
+        dropout = self.dropout if self.training else 0.0
+        out, weights = scaled_dot_product_attention(q, k, v, mask, dropout, self.impl, need_weights)
+        b, _, t, _ = out.shape
+        out = out.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)  # (B, T, H·Dh)
+        return self.out_proj(out), weights
