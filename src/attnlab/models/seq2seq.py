@@ -1,0 +1,159 @@
+"""The encoder–decoder Transformer of "Attention Is All You Need" (Vaswani et al. 2017).
+
+Shape legend: B batch, S source length, T target length, D model dim, V vocabulary, H heads, Dh head dim.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from attnlab.config import Seq2SeqConfig
+from attnlab.nn.blocks import DecoderLayer, EncoderLayer
+from attnlab.nn.kv_cache import KVCache
+from attnlab.nn.masks import causal_mask, padding_mask
+from attnlab.nn.positional import SinusoidalPositionalEncoding
+
+
+@dataclass
+class DecodeState:
+    """What incremental decoding keeps between steps: the source mask, each decoder layer's
+    cross-attention keys/values (computed once per source) and self-attention KV cache."""
+
+    src_mask: torch.Tensor                            # (B, 1, 1, S) bool
+    cross_kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer, each (B, H, S, Dh)
+    caches: list[KVCache]                             # per layer
+
+    @property
+    def length(self) -> int:
+        """Target tokens decoded so far (the position of the next one)."""
+        return self.caches[0].length
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Keep batch rows `index` (B',) int64 (beam search: the surviving hypotheses)."""
+        self.src_mask = self.src_mask.index_select(0, index)
+        self.cross_kv = [(k.index_select(0, index), v.index_select(0, index)) for k, v in self.cross_kv]
+        for cache in self.caches:
+            cache.reorder(index)
+
+
+class Seq2SeqTransformer(nn.Module):
+    """Encoder–decoder Transformer with separate encode() and decode().
+
+    Token embeddings are scaled by √D (§3.4) and summed with sinusoidal positions (§3.5), then dropout;
+    N encoder layers (self-attention + FFN) and N decoder layers (masked self-attention +
+    cross-attention + FFN), Post-LN or Pre-LN (§3.1); a linear output projection, tied to the
+    embeddings when cfg.tie_embeddings (§3.4), gives the logits of the softmax.
+    """
+
+    def __init__(self, cfg: Seq2SeqConfig):
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.d_model
+        self.src_embed = nn.Embedding(cfg.vocab_size, d)
+        self.tgt_embed = self.src_embed if cfg.tie_embeddings else nn.Embedding(cfg.vocab_size, d)
+        self.positions = SinusoidalPositionalEncoding(d, cfg.max_seq_len)
+        self.dropout = nn.Dropout(cfg.dropout)
+        layer_args = dict(d_model=d, n_heads=cfg.n_heads, d_ff=cfg.d_ff, dropout=cfg.dropout,
+                          norm_position=cfg.norm_position, activation=cfg.activation, impl=cfg.attention_impl,
+                          attention_dropout=cfg.attention_dropout)
+        self.encoder_layers = nn.ModuleList(EncoderLayer(**layer_args) for _ in range(cfg.n_encoder_layers))
+        self.decoder_layers = nn.ModuleList(DecoderLayer(**layer_args) for _ in range(cfg.n_decoder_layers))
+        pre = cfg.norm_position == "pre"
+        self.encoder_norm = nn.LayerNorm(d) if pre else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(d) if pre else nn.Identity()
+        self.lm_head = nn.Linear(d, cfg.vocab_size, bias=False)
+        self._init_weights()
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.tgt_embed.weight
+
+    def _init_weights(self) -> None:
+        for name, p in self.named_parameters():
+            if p.dim() > 1:
+                nn.init.xavier_uniform_(p)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+        for emb in {self.src_embed, self.tgt_embed}:
+            nn.init.normal_(emb.weight, std=self.cfg.d_model ** -0.5)  # ×√D in forward gives unit scale
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def _embed(self, emb: nn.Embedding, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        x = emb(tokens) * math.sqrt(self.cfg.d_model)  # (B, T, D)
+        return self.dropout(self.positions(x, offset))
+
+    def _check_length(self, tokens: torch.Tensor, what: str) -> None:
+        if tokens.size(1) > self.cfg.max_seq_len:
+            raise ValueError(f"{what} of {tokens.size(1)} tokens exceeds max_seq_len={self.cfg.max_seq_len}")
+
+    def encode(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the encoder.
+
+        Args:
+            src: (B, S) int64 source ids, right-padded with pad_id.
+        Returns:
+            (memory (B, S, D), src_mask (B, 1, 1, S) bool, True = real token).
+        Raises:
+            ValueError: if S > max_seq_len.
+        """
+        self._check_length(src, "source")
+        src_mask = padding_mask(src, self.cfg.pad_id)  # (B, 1, 1, S)
+        x = self._embed(self.src_embed, src)
+        for layer in self.encoder_layers:
+            x = layer(x, src_mask)
+        return self.encoder_norm(x), src_mask
+
+    def start_decoding(self, memory: torch.Tensor, src_mask: torch.Tensor, max_len: int) -> DecodeState:
+        """Prepare incremental decoding of up to max_len target tokens: cross-attention keys/values
+        of the memory (B, S, D) are projected once here, and a KV cache is allocated per layer."""
+        b = memory.size(0)
+        cross_kv = [layer.cross_attn.project_kv(memory) for layer in self.decoder_layers]
+        caches = [KVCache(b, self.cfg.n_heads, max_len, self.cfg.head_dim, memory.dtype, memory.device)
+                  for _ in self.decoder_layers]
+        return DecodeState(src_mask, cross_kv, caches)
+
+    def decode(self, tgt_in: torch.Tensor, memory: torch.Tensor | None, src_mask: torch.Tensor,
+               state: DecodeState | None = None) -> torch.Tensor:
+        """Run the decoder on target inputs (teacher forcing: <bos> + target).
+
+        Args:
+            tgt_in: (B, T) int64 target input ids, right-padded; with `state`, only the new tokens.
+            memory: (B, S, D) encoder output (unused when `state` holds its projections).
+            src_mask: (B, 1, 1, S) bool from encode().
+            state: incremental-decoding state from start_decoding(); updated in place.
+        Returns:
+            (B, T, D) decoder output states; output_logits() turns them into logits.
+        Raises:
+            ValueError: if the target exceeds max_seq_len.
+        """
+        offset = 0 if state is None else state.length
+        if offset + tgt_in.size(1) > self.cfg.max_seq_len:
+            raise ValueError(f"target of {offset + tgt_in.size(1)} tokens exceeds max_seq_len={self.cfg.max_seq_len}")
+        self_mask = causal_mask(tgt_in.size(1), tgt_in.device, offset)  # (1, 1, T, offset + T)
+        if state is None:
+            self_mask = self_mask & padding_mask(tgt_in, self.cfg.pad_id)  # (B, 1, T, T)
+        else:
+            src_mask = state.src_mask
+        y = self._embed(self.tgt_embed, tgt_in, offset)
+        for i, layer in enumerate(self.decoder_layers):
+            cache, kv = (None, None) if state is None else (state.caches[i], state.cross_kv[i])
+            y = layer(y, memory, self_mask, src_mask, cache, kv)
+        return self.decoder_norm(y)
+
+    def output_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """(..., D) decoder states -> (..., V) logits (pre-softmax)."""
+        return self.lm_head(h)
+
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced logits.
+
+        Args:
+            src: (B, S) int64 source ids. tgt_in: (B, T) int64 decoder inputs (<bos> + target).
+        Returns:
+            (B, T, V) float logits; position t predicts target token t (labels = target + <eos>).
+        """
+        memory, src_mask = self.encode(src)
+        return self.output_logits(self.decode(tgt_in, memory, src_mask))
