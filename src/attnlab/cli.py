@@ -1,0 +1,105 @@
+"""The `attnlab` command line: argparse sub-commands, each a thin call into one library function.
+
+Machine-readable output goes to stdout (JSON where stated), progress and logs to stderr.
+Exit code 0 on success, 2 on bad input with a one-line reason.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+
+def _cmd_train(args) -> None:
+    from attnlab.recipes import get_recipe
+    from attnlab.translation import train_translation
+
+    recipe = get_recipe(args.recipe)
+    budget = []
+    if args.minutes is not None:
+        budget.append(f"minutes={args.minutes}")
+    if args.steps is not None:
+        budget += [f"max_steps={args.steps}"] + ([] if args.minutes is not None else ["minutes=none"])
+    recipe = recipe.with_overrides(list(args.set) + budget)
+    out = args.out or f"runs/{recipe.name}"
+    print(json.dumps(train_translation(recipe, out, resume=args.resume)))
+
+
+def _cmd_evaluate(args) -> None:
+    from attnlab.translation import evaluate_translation
+
+    print(json.dumps(evaluate_translation(args.model, args.split, args.limit, args.beam)))
+
+
+def _cmd_translate(args) -> None:
+    from attnlab.translation import load_translator, translate
+
+    model, tokenizer, _ = load_translator(args.model)
+    lines = args.text if args.text else sys.stdin.read().splitlines()
+    lines = [x.strip() for x in lines if x.strip()]  # empty lines are skipped
+    for hyp in translate(model, tokenizer, lines, args.beam):
+        print(hyp, flush=True)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="attnlab", description="The Transformer family: train, run, inspect.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="train a recipe into a run directory")
+    t.add_argument("--recipe", required=True, help="recipe name, e.g. multi30k-en-de")
+    t.add_argument("--minutes", type=_positive_float, help="wall-clock budget (total, across resumes)")
+    t.add_argument("--steps", type=_positive_int, help="optimizer-step budget (total, across resumes)")
+    t.add_argument("--out", help="run directory (default runs/RECIPE)")
+    t.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
+    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a model/data/train setting, e.g. --set d_model=512")
+    t.set_defaults(func=_cmd_train)
+
+    e = sub.add_parser("evaluate", help="sacreBLEU of a trained model; one JSON line on stdout")
+    e.add_argument("--model", required=True, help="trained model directory")
+    e.add_argument("--split", default="test", help="val | test (default test)")
+    e.add_argument("--limit", type=_positive_int, help="only the first N sentences")
+    e.add_argument("--beam", type=_positive_int, default=4, help="beam size (1 = greedy; default 4)")
+    e.set_defaults(func=_cmd_evaluate)
+
+    tr = sub.add_parser("translate", help="translate TEXT arguments, or stdin lines; one line out each")
+    tr.add_argument("--model", required=True, help="trained model directory")
+    tr.add_argument("--beam", type=_positive_int, default=4, help="beam size (1 = greedy; default 4)")
+    tr.add_argument("text", nargs="*", help="sentences to translate (default: read stdin)")
+    tr.set_defaults(func=_cmd_translate)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    try:
+        args.func(args)
+    except KeyboardInterrupt:
+        print("attnlab: interrupted; a checkpoint was written where training was running "
+              "(continue with --resume)", file=sys.stderr)
+        return 130
+    except (ValueError, KeyError, OSError) as e:  # bad input: one line, no traceback
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"attnlab: error: {msg}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""Where each real data set lives: a search path, then a download with a sha256 check.
+
+Search order (DESIGN.md): $ATTNLAB_DATA, ../shared/data (beside the working directory, then beside
+this checkout), ~/.cache/attnlab. Where none has the files, they are downloaded from the public
+source into ~/.cache/attnlab and checked against the sha256 of their published content.
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class DatasetNotFoundError(FileNotFoundError):
+    """A data set is missing from every search location and could not be downloaded."""
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    name: str     # file name inside the data set folder
+    url: str      # public source
+    sha256: str   # of the decompressed content
+    gzipped: bool = True
+
+
+_MULTI30K_COMMIT = "a3d2e0d26b56f3846f66a952536ffed4e401d05a"
+_MULTI30K_URL = f"https://github.com/multi30k/dataset/raw/{_MULTI30K_COMMIT}/data/task1/raw/{{}}.gz"
+_MULTI30K_SHA = {
+    "train.en": "460a15fbd157e34a7a9957ee388c1ca247fe47af3ef25fb50442af6c274e0fc6",
+    "train.de": "2c2b73fd2b548fbcde3a875e0a78d6ee94d498bfdee6bd3eae3945779e9ddf72",
+    "train.fr": "5925a3c18f1587b6b54b87743106e6e8ab93618edb6f65d19eac0621f853a10d",
+    "val.en": "1f2a23d992769b5b3d209b0a10dd0b77c08cceb1f20dfb97ed0aafa49d107227",
+    "val.de": "660e09eb7e1da2f856ea13ee5ad3cf6d36b3d5b0b733c857e94c5747a3dfc660",
+    "val.fr": "5304e444d842e962b2dda4d816b70b22a1765b15401642b7ca37a67477e708dc",
+    "test_2016_flickr.en": "399a4382932c1aadd3ceb9bef1008d388a64c76d4ae4e9d4728c6f4301cac182",
+    "test_2016_flickr.de": "4be6b5b3236b79c25475c6bb829800a7ce559e9ba7a1f6c2394fe4d40be46d16",
+    "test_2016_flickr.fr": "cb3160d69b002bb638e66cc7612fcd56cb0af82eadc9c142dedc438afb885ef6",
+}
+
+DATASETS: dict[str, dict[str, RemoteFile]] = {
+    "multi30k": {n: RemoteFile(n, _MULTI30K_URL.format(n), sha) for n, sha in _MULTI30K_SHA.items()},
+}
+
+
+def search_path() -> list[Path]:
+    """The folders searched for data sets, in order."""
+    paths = []
+    if os.environ.get("ATTNLAB_DATA"):
+        paths.append(Path(os.environ["ATTNLAB_DATA"]))
+    paths.append(Path.cwd().parent / "shared" / "data")
+    checkout = Path(__file__).resolve().parents[3]  # src/attnlab/data/datasets.py -> repo root
+    paths.append(checkout.parent / "shared" / "data")
+    paths.append(Path.home() / ".cache" / "attnlab")
+    unique = []
+    for p in paths:
+        if p not in unique:
+            unique.append(p)
+    return unique
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _download(remote: RemoteFile, dest: Path) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_suffix(dest.suffix + ".part")
+    with urllib.request.urlopen(remote.url, timeout=60) as r:
+        data = r.read()
+    if remote.gzipped:
+        data = gzip.decompress(data)
+    tmp.write_bytes(data)
+    digest = _sha256(tmp)
+    if digest != remote.sha256:
+        tmp.unlink()
+        raise DatasetNotFoundError(f"{remote.url}: sha256 {digest} does not match the expected {remote.sha256}")
+    os.replace(tmp, dest)
+
+
+def find_dataset(name: str, files: list[str] | None = None, download: bool = True) -> Path:
+    """The folder holding data set `name` (all of `files`, default: every file of the data set).
+
+    Raises:
+        KeyError: for an unknown data set name.
+        DatasetNotFoundError: naming every place searched and the download source, when the files
+            are nowhere and the download fails (or download=False).
+    """
+    if name not in DATASETS:
+        raise KeyError(f"unknown data set {name!r}; known: {sorted(DATASETS)}")
+    wanted = files if files is not None else sorted(DATASETS[name])
+    for root in search_path():
+        if all((root / name / f).is_file() for f in wanted):
+            return root / name
+    cache = Path.home() / ".cache" / "attnlab" / name
+    searched = ", ".join(str(p / name) for p in search_path())
+    source = DATASETS[name][wanted[0]].url.rsplit("/", 1)[0] if wanted[0] in DATASETS[name] else "?"
+    if not download:
+        raise DatasetNotFoundError(f"data set {name!r} not found in {searched}; download it from {source}")
+    try:
+        for f in wanted:
+            if not (cache / f).is_file():
+                _download(DATASETS[name][f], cache / f)
+    except (OSError, KeyError) as e:
+        raise DatasetNotFoundError(
+            f"data set {name!r} not found in {searched}, and downloading from {source} failed ({e}); "
+            f"copy its files into one of those folders or set ATTNLAB_DATA") from None
+    return cache

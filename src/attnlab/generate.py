@@ -1,0 +1,152 @@
+"""Autoregressive inference for the encoder–decoder: batched greedy decoding and beam search.
+
+Both encode each source once and decode incrementally with a KV cache (DecodeState); positions are
+owned here (the state's length is the position of the next token).
+Shape legend: B sentences, K beam size, S source length, V vocabulary.
+"""
+from __future__ import annotations
+
+import torch
+
+from attnlab.models.seq2seq import Seq2SeqTransformer
+
+
+def _max_new_tokens(model: Seq2SeqTransformer, src: torch.Tensor, max_new_tokens: int | None) -> int:
+    # Paper §6.1: maximum output length = input length + 50 (and within the model's positions).
+    limit = model.cfg.max_seq_len - 1
+    return min(limit, src.size(1) + 50 if max_new_tokens is None else max_new_tokens)
+
+
+def _strip(ids: list[int], eos_id: int, pad_id: int) -> list[int]:
+    out = []
+    for t in ids:
+        if t == eos_id:
+            break
+        if t != pad_id:
+            out.append(t)
+    return out
+
+
+@torch.no_grad()
+def greedy_decode(model: Seq2SeqTransformer, src: torch.Tensor, max_new_tokens: int | None = None
+                  ) -> list[list[int]]:
+    """Pick the most probable token at each step, for a whole batch at once.
+
+    Finished sentences (those that produced <eos>) are dropped from the batch as they finish.
+
+    Args:
+        src: (B, S) int64 right-padded source ids.
+        max_new_tokens: cap on generated tokens (default: S + 50, within max_seq_len).
+    Returns:
+        B lists of target ids, without <bos>/<eos>.
+    """
+    cfg = model.cfg
+    n_new = _max_new_tokens(model, src, max_new_tokens)
+    memory, src_mask = model.encode(src)
+    state = model.start_decoding(memory, src_mask, n_new)
+    rows = torch.arange(src.size(0))  # which original sentence each live row is
+    out: list[list[int]] = [[] for _ in range(src.size(0))]
+    tokens = torch.full((src.size(0), 1), cfg.bos_id, dtype=torch.long, device=src.device)
+    for _ in range(n_new):
+        h = model.decode(tokens, None, src_mask, state)  # (B_live, 1, D)
+        nxt = model.output_logits(h[:, -1]).argmax(-1)  # (B_live,)
+        for r, t in zip(rows.tolist(), nxt.tolist()):
+            out[r].append(t)
+        live = nxt != cfg.eos_id
+        if not live.any():
+            break
+        if not live.all():
+            keep = live.nonzero().squeeze(1)
+            state.reorder(keep)
+            rows, nxt = rows[keep], nxt[keep]
+        tokens = nxt[:, None]
+    return [_strip(o, cfg.eos_id, cfg.pad_id) for o in out]
+
+
+def length_penalty(length: int, alpha: float) -> float:
+    """GNMT length penalty lp(Y) = ((5 + |Y|) / 6)^α (Wu et al. 2016, eq. 14; α = 0.6 in the
+    Transformer paper §6.1). Scores are log P(Y|X) / lp(Y)."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+@torch.no_grad()
+def beam_search(model: Seq2SeqTransformer, src: torch.Tensor, beam_size: int = 4, alpha: float = 0.6,
+                max_new_tokens: int | None = None) -> list[list[int]]:
+    """Beam search with the GNMT length penalty, batched over sentences.
+
+    At each step every live hypothesis is extended by every token; of the 2K best continuations per
+    sentence, those ending in <eos> within the top K are finished (scored log P / lp), and the K best
+    others stay alive. A sentence is done when it has K finished hypotheses and its best alive one,
+    scored at the current length, does not beat the worst of them; at the length limit the alive ones
+    are finished as they are.
+
+    Args:
+        src: (B, S) int64 right-padded source ids. beam_size: K >= 1. alpha: length-penalty α.
+    Returns:
+        B lists of target ids (the best finished hypothesis), without <bos>/<eos>.
+    Raises:
+        ValueError: if beam_size < 1.
+    Source: Vaswani et al. 2017, §6.1 (beam 4, α 0.6); Wu et al. 2016 (length penalty).
+    """
+    if beam_size < 1:
+        raise ValueError(f"beam_size must be >= 1, got {beam_size}")
+    cfg, k, b = model.cfg, beam_size, src.size(0)
+    n_new = _max_new_tokens(model, src, max_new_tokens)
+    memory, src_mask = model.encode(src)
+    expand = torch.arange(b, device=src.device).repeat_interleave(k)  # (B·K,)
+    state = model.start_decoding(memory.index_select(0, expand), src_mask.index_select(0, expand), n_new)
+    scores = torch.full((b, k), float("-inf"), device=src.device)
+    scores[:, 0] = 0.0  # all beams start identical: keep only one alive at first
+    hyps = torch.full((b * k, 0), cfg.pad_id, dtype=torch.long, device=src.device)
+    tokens = torch.full((b * k, 1), cfg.bos_id, dtype=torch.long, device=src.device)
+    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(b)]
+    done = [False] * b
+    for step in range(1, n_new + 1):
+        h = model.decode(tokens, None, src_mask, state)  # (B·K, 1, D)
+        logp = model.output_logits(h[:, -1]).float().log_softmax(-1)  # (B·K, V)
+        vocab = logp.size(-1)
+        cand = (scores.view(b * k, 1) + logp).view(b, k * vocab)  # (B, K·V)
+        top_scores, top_idx = cand.topk(2 * k, dim=1)  # (B, 2K)
+        src_beam, tok = top_idx // vocab, top_idx % vocab
+        next_beam = torch.zeros(b, k, dtype=torch.long)
+        next_tok = torch.full((b, k), cfg.pad_id, dtype=torch.long)
+        next_scores = torch.full((b, k), float("-inf"))
+        ts, sb, tk = top_scores.tolist(), src_beam.tolist(), tok.tolist()
+        for i in range(b):
+            alive = 0
+            for rank in range(2 * k):
+                s, beam, t = ts[i][rank], sb[i][rank], tk[i][rank]
+                if s == float("-inf") or done[i]:
+                    break
+                if t == cfg.eos_id:
+                    if rank < k:
+                        finished[i].append((s / length_penalty(step, alpha), hyps[i * k + beam].tolist()))
+                    continue
+                next_beam[i, alive], next_tok[i, alive], next_scores[i, alive] = beam, t, s
+                alive += 1
+                if alive == k:
+                    break
+            if not done[i] and len(finished[i]) >= k:
+                best_alive = next_scores[i].max().item()
+                worst = sorted(f[0] for f in finished[i])[-k]  # K-th best finished
+                # stop when the best alive hypothesis, scored at the current length, cannot enter
+                # the K best finished ones (the usual heuristic; the bound at the maximum length
+                # would keep nearly every sentence running to the limit)
+                if best_alive / length_penalty(step, alpha) <= worst:
+                    done[i] = True
+            if done[i]:
+                next_scores[i] = float("-inf")
+        if all(done):
+            break
+        index = (torch.arange(b)[:, None] * k + next_beam).view(-1)  # (B·K,) rows to keep
+        state.reorder(index)
+        hyps = torch.cat([hyps.index_select(0, index), next_tok.view(-1, 1)], dim=1)
+        scores = next_scores
+        tokens = next_tok.view(-1, 1)
+    for i in range(b):
+        if not done[i]:  # the length limit: alive hypotheses end here
+            for j in range(k):
+                if scores[i, j] > float("-inf"):
+                    finished[i].append((scores[i, j].item() / length_penalty(hyps.size(1), alpha),
+                                        hyps[i * k + j].tolist()))
+    return [_strip(max(f, key=lambda x: x[0])[1], cfg.eos_id, cfg.pad_id) if f else [] for f in finished]

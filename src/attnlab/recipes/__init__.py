@@ -1,0 +1,54 @@
+"""Recipes: a named bundle of data, model preset and training configuration."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from attnlab.config import Seq2SeqConfig, TrainConfig, TranslationDataConfig, parse_value
+from attnlab.recipes import multi30k_en_de
+
+
+@dataclass
+class Recipe:
+    name: str
+    description: str
+    model: Seq2SeqConfig
+    data: TranslationDataConfig
+    train: TrainConfig
+
+    def with_overrides(self, assignments: list[str]) -> "Recipe":
+        """Apply `key=value` strings to whichever config has the field `key`.
+
+        Raises:
+            ValueError: for a malformed assignment, an unknown key (listing the known ones) or a bad
+                value (naming the field and the allowed values).
+        """
+        parts = {"model": self.model, "data": self.data, "train": self.train}
+        changes: dict[str, dict] = {k: {} for k in parts}
+        for text in assignments:
+            key, sep, value = text.partition("=")
+            key = key.strip()
+            if not sep or not key:
+                raise ValueError(f"--set expects key=value, got {text!r}")
+            if key == "vocab_size":
+                raise ValueError("vocab_size comes from the tokenizer; set tokenizer_vocab_size instead")
+            owner = next((p for p, cfg in parts.items() if key in {f.name for f in dataclasses.fields(cfg)}), None)
+            if owner is None:
+                known = sorted(f.name for cfg in parts.values() for f in dataclasses.fields(cfg))
+                raise ValueError(f"unknown setting {key!r}; known settings: {', '.join(known)}")
+            changes[owner][key] = parse_value(type(parts[owner]), key, value.strip())
+        return dataclasses.replace(self, **{p: dataclasses.replace(cfg, **changes[p]) for p, cfg in parts.items()})
+
+
+RECIPES = {multi30k_en_de.NAME: multi30k_en_de.recipe}
+
+
+def get_recipe(name: str) -> Recipe:
+    """The recipe called `name`.
+
+    Raises:
+        ValueError: listing the known recipes when `name` is not one.
+    """
+    if name not in RECIPES:
+        raise ValueError(f"unknown recipe {name!r}; known recipes: {', '.join(sorted(RECIPES))}")
+    return RECIPES[name]()

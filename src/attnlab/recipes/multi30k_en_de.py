@@ -1,0 +1,25 @@
+"""multi30k-en-de: the original Transformer, trained from scratch on Multi30k English→German.
+
+Sized for a 2-core CPU: a 10-minute run (`make demo`) and longer runs (`bench/translation.py`).
+Multi30k has 29k short sentence pairs (~13 words), so the model is smaller than the paper's base
+(d_model 512, 6+6 layers) and the warm-up shorter.
+"""
+from __future__ import annotations
+
+NAME = "multi30k-en-de"
+
+
+def recipe():
+    from attnlab.config import Seq2SeqConfig, TrainConfig, TranslationDataConfig
+    from attnlab.recipes import Recipe
+
+    return Recipe(
+        name=NAME,
+        description="Transformer En→De on Multi30k (test_2016_flickr), sacreBLEU",
+        model=Seq2SeqConfig(d_model=256, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=1024,
+                            dropout=0.1, norm_position="pre", max_seq_len=256),
+        data=TranslationDataConfig(dataset="multi30k", src_lang="en", tgt_lang="de", tokenizer_vocab_size=8000),
+        train=TrainConfig(batch_tokens=3000, lr_factor=1.0, warmup_steps=400, label_smoothing=0.1,
+                          eval_every=250, eval_bleu_sentences=300, checkpoint_every=250, average_last=4,
+                          minutes=10.0),
+    )

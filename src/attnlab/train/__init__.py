@@ -1,0 +1,1 @@
+"""Training: losses, optimiser and schedules, checkpoints, the loop."""

@@ -1,0 +1,94 @@
+"""Checkpoints: model directories (config.json + model.safetensors + tokenizer.json) and the
+resumable training state. Weights are never pickled; every write is atomic (temp + rename).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, load_model, save_file, save_model
+
+
+def write_json_atomic(path: Path, obj) -> None:
+    """Write JSON to `path` through a temporary file in the same folder and os.replace."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2, ensure_ascii=False)
+    os.replace(tmp, path)
+
+
+def save_weights(model: torch.nn.Module, path: Path) -> None:
+    """Save a model's parameters (tied ones once) to safetensors, atomically."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    os.close(fd)
+    save_model(model, tmp)
+    os.replace(tmp, path)
+
+
+def load_weights(model: torch.nn.Module, path: Path) -> None:
+    """Load safetensors weights into `model`.
+
+    Raises:
+        FileNotFoundError: naming the path. ValueError: listing missing or unexpected tensors.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no weights at {path}")
+    missing, unexpected = load_model(model, str(path), strict=False)
+    if missing or unexpected:
+        raise ValueError(f"{path}: missing tensors {sorted(missing)}, unexpected tensors {sorted(unexpected)}")
+
+
+def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    sd = optimizer.state_dict()
+    tensors = {f"{idx}.{name}": value.contiguous() for idx, state in sd["state"].items()
+               for name, value in state.items() if torch.is_tensor(value)}
+    return tensors, {"param_groups": sd["param_groups"], "n_states": len(sd["state"])}
+
+
+def save_training_state(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                        state: dict) -> None:
+    """Write the resumable state into `folder` as a whole, atomically (temp dir + rename).
+
+    Holds model.safetensors, optimizer.safetensors (Adam moments), rng.safetensors (torch RNG) and
+    state.json (step, epoch, position, elapsed time, best metric, optimizer groups).
+    """
+    folder = Path(folder)
+    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=folder.name + ".tmp"))
+    save_model(model, str(tmp / "model.safetensors"))
+    tensors, meta = _optimizer_tensors(optimizer)
+    save_file(tensors, str(tmp / "optimizer.safetensors"))
+    save_file({"torch": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
+    (tmp / "state.json").write_text(json.dumps({**state, "optimizer": meta}, indent=2))
+    old = folder.with_name(folder.name + ".old")
+    if folder.exists():
+        os.replace(folder, old)
+    os.replace(tmp, folder)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def load_training_state(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """Restore model, optimizer and torch RNG from save_training_state's folder; returns state.json.
+
+    Raises:
+        FileNotFoundError: when there is no checkpoint to resume from.
+    """
+    folder = Path(folder)
+    if not (folder / "state.json").is_file():
+        raise FileNotFoundError(f"no checkpoint to resume from at {folder}")
+    state = json.loads((folder / "state.json").read_text())
+    load_weights(model, folder / "model.safetensors")
+    tensors = load_file(str(folder / "optimizer.safetensors"))
+    per_param: dict[int, dict] = {}
+    for key, value in tensors.items():
+        idx, name = key.split(".", 1)
+        per_param.setdefault(int(idx), {})[name] = value
+    optimizer.load_state_dict({"state": per_param, "param_groups": state["optimizer"]["param_groups"]})
+    torch.set_rng_state(load_file(str(folder / "rng.safetensors"))["torch"])
+    return state

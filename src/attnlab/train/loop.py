@@ -1,0 +1,196 @@
+"""One training loop for every recipe.
+
+A task supplies the data and the objective: `batches(epoch)` (a deterministic list of batches for
+that epoch), `loss(model, batch) -> (loss, n_tokens)`, `evaluate(model) -> dict` and `best_metric`
+(a key of evaluate()'s dict, higher is better). The loop owns the optimiser and schedule, gradient
+clipping, the budgets, logging (progress bar on stderr, metrics.jsonl), checkpoints, resuming,
+keeping the best weights and averaging the last ones.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from attnlab.config import TrainConfig
+from attnlab.train.checkpoint import load_training_state, load_weights, save_training_state, save_weights
+from attnlab.train.optim import build_optimizer, noam_lr, set_lr
+
+CHECKPOINT_DIR = "checkpoint"   # resumable state inside a run directory
+SNAPSHOT_DIR = "snapshots"      # weights of the last evaluations, for averaging
+
+
+def learning_rate(cfg: TrainConfig, step: int, d_model: int) -> float:
+    """The learning rate of (1-based) `step` under cfg's schedule."""
+    if cfg.lr_schedule == "noam":
+        return noam_lr(step, d_model, cfg.warmup_steps, cfg.lr_factor)
+    return cfg.lr * min(1.0, step / cfg.warmup_steps)
+
+
+def autocast_context(kind: str):
+    """bf16 autocast on the CPU (kind "bf16") or nothing (kind "none")."""
+    if kind == "bf16":
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def average_snapshots(model: torch.nn.Module, paths: list[Path]) -> None:
+    """Set model's parameters to the mean of the safetensors weights at `paths` (Vaswani et al. 2017,
+    §6.1: the base model averages the last 5 checkpoints)."""
+    total = None
+    for p in paths:
+        load_weights(model, p)
+        sd = {k: v.detach().clone().double() for k, v in model.state_dict().items()}
+        total = sd if total is None else {k: total[k] + sd[k] for k in total}
+    model.load_state_dict({k: (v / len(paths)).float() for k, v in total.items()})
+
+
+class Trainer:
+    """Trains `model` on `task` under `cfg`, writing into run directory `out`.
+
+    Args:
+        model: the module to train. task: see the module docstring. cfg: TrainConfig.
+        out: run directory (holds model.safetensors = best weights, metrics.jsonl, checkpoint/).
+        d_model: model width, for the Noam schedule.
+    """
+
+    def __init__(self, model: torch.nn.Module, task, cfg: TrainConfig, out: Path, d_model: int):
+        self.model, self.task, self.cfg, self.out, self.d_model = model, task, cfg, Path(out), d_model
+        self.optimizer = build_optimizer(model, 0.0, (cfg.beta1, cfg.beta2), cfg.eps, cfg.weight_decay)
+        self.state = {"step": 0, "epoch": 0, "position": 0, "elapsed_s": 0.0, "tokens": 0,
+                      "best": None, "best_step": None}
+
+    def log(self, record: dict) -> None:
+        with open(self.out / "metrics.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def resume(self) -> None:
+        """Continue from the run directory's checkpoint (weights, optimiser, step, data position, RNG)."""
+        self.state = load_training_state(self.out / CHECKPOINT_DIR, self.model, self.optimizer)
+        self.state.pop("optimizer", None)
+
+    def checkpoint(self) -> None:
+        save_training_state(self.out / CHECKPOINT_DIR, self.model, self.optimizer, self.state)
+
+    def elapsed(self) -> float:
+        """Seconds of training so far, across resumes."""
+        return self.state["elapsed_s"] + time.perf_counter() - self._clock
+
+    def _budget_left(self) -> bool:
+        s, cfg = self.state, self.cfg
+        if cfg.max_steps is not None and s["step"] >= cfg.max_steps:
+            return False
+        return cfg.minutes is None or self.elapsed() < cfg.minutes * 60
+
+    def _evaluate(self, snapshot: bool = True) -> dict:
+        self.model.eval()
+        with torch.no_grad(), autocast_context(self.cfg.autocast):
+            metrics = self.task.evaluate(self.model)
+        self.model.train()
+        s = self.state
+        record = {"step": s["step"], "epoch": s["epoch"],
+                  "elapsed_s": round(self.elapsed(), 1), **metrics}
+        self.log(record)
+        value = metrics[self.task.best_metric]
+        if s["best"] is None or value > s["best"]:
+            s["best"], s["best_step"] = value, s["step"]
+            save_weights(self.model, self.out / "model.safetensors")
+        if self.cfg.average_last and snapshot:
+            snaps = self.out / SNAPSHOT_DIR
+            snaps.mkdir(exist_ok=True)
+            save_weights(self.model, snaps / f"step_{s['step']:08d}.safetensors")
+            for old in sorted(snaps.glob("step_*.safetensors"))[:-self.cfg.average_last]:
+                old.unlink()
+        return record
+
+    def _train_step(self, batch) -> tuple[float, int]:
+        s, cfg = self.state, self.cfg
+        lr = learning_rate(cfg, s["step"] + 1, self.d_model)
+        set_lr(self.optimizer, lr)
+        with autocast_context(cfg.autocast):
+            loss, n_tokens = self.task.loss(self.model, batch)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.clip_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_grad_norm)
+        self.optimizer.step()
+        s["step"] += 1
+        s["tokens"] += n_tokens
+        return loss.item(), n_tokens
+
+    def fit(self) -> dict:
+        """Train until a budget (cfg.max_steps, cfg.minutes) runs out, then evaluate, checkpoint and
+        (cfg.average_last) try the average of the last snapshots. Ctrl-C writes a checkpoint first.
+
+        Returns:
+            the final evaluation record, with "best" and "best_step".
+        """
+        cfg, s = self.cfg, self.state
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.model.train()
+        self._clock = time.perf_counter()
+        window_t, window_tok, last_eval = time.perf_counter(), 0, s["step"]
+        bar = tqdm(total=cfg.max_steps, initial=s["step"], unit="step", dynamic_ncols=True, leave=False,
+                   mininterval=2.0)
+        try:
+            while self._budget_left():
+                batches = self.task.batches(s["epoch"])
+                while s["position"] < len(batches) and self._budget_left():
+                    loss, n = self._train_step(batches[s["position"]])
+                    s["position"] += 1
+                    window_tok += n
+                    bar.update(1)
+                    if s["step"] % cfg.log_every == 0:
+                        now = time.perf_counter()
+                        tps = window_tok / max(now - window_t, 1e-9)
+                        bar.set_postfix(loss=f"{loss:.3f}", lr=f"{self.optimizer.param_groups[0]['lr']:.2e}",
+                                        tok_s=f"{tps:.0f}")
+                        self.log({"step": s["step"], "epoch": s["epoch"], "loss": round(loss, 4),
+                                  "lr": self.optimizer.param_groups[0]["lr"], "tokens_per_s": round(tps, 1),
+                                  "elapsed_s": round(self.elapsed(), 1)})
+                        window_t, window_tok = now, 0
+                    if s["step"] % cfg.eval_every == 0:
+                        record = self._evaluate()
+                        last_eval = s["step"]
+                        bar.write(json.dumps(record))
+                        window_t, window_tok = time.perf_counter(), 0  # keep eval time out of tokens/s
+                    if s["step"] % cfg.checkpoint_every == 0:
+                        self._save()
+                if s["position"] >= len(batches):
+                    s["epoch"], s["position"] = s["epoch"] + 1, 0
+        except KeyboardInterrupt:
+            self._save()
+            bar.close()
+            raise
+        bar.close()
+        record = self._evaluate() if last_eval != s["step"] or s["best"] is None else None
+        self._save()
+        record = self._try_average() or record or self._last_eval()
+        return {**record, "best": s["best"], "best_step": s["best_step"]}
+
+    def _save(self) -> None:
+        self.state["elapsed_s"] = self.elapsed()
+        self._clock = time.perf_counter()
+        self.checkpoint()
+
+    def _last_eval(self) -> dict:
+        lines = (self.out / "metrics.jsonl").read_text().splitlines()
+        evals = [json.loads(x) for x in lines if self.task.best_metric in x]
+        return evals[-1]
+
+    def _try_average(self) -> dict | None:
+        snaps = sorted((self.out / SNAPSHOT_DIR).glob("step_*.safetensors")) if self.cfg.average_last else []
+        if len(snaps) < 2:
+            return None
+        average_snapshots(self.model, snaps)
+        s, before = self.state, self.state["best"]
+        record = self._evaluate(snapshot=False)
+        record["averaged"] = [p.stem for p in snaps]
+        self.log({"averaged": len(snaps), "step": s["step"], self.task.best_metric: record[self.task.best_metric],
+                  "kept": s["best"] != before})
+        load_training_state(self.out / CHECKPOINT_DIR, self.model, self.optimizer)  # back to the last weights
+        return record

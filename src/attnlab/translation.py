@@ -1,0 +1,145 @@
+"""Translation end to end: train a recipe, load a trained model, translate, evaluate with sacreBLEU."""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from attnlab.config import Seq2SeqConfig, TrainConfig, TranslationDataConfig
+from attnlab.data.translation import ParallelCorpus, read_parallel
+from attnlab.models.seq2seq import Seq2SeqTransformer
+from attnlab.tokenizers import ByteLevelBPE
+from attnlab.train.checkpoint import load_weights, write_json_atomic
+from attnlab.train.loop import CHECKPOINT_DIR, Trainer
+from attnlab.train.translation_task import TranslationTask, corpus_bleu, decode_corpus
+
+log = logging.getLogger("attnlab")
+SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>"]
+
+
+def _set_threads(n: int) -> None:
+    if n:
+        torch.set_num_threads(n)
+
+
+def train_translation(recipe, out: str | Path, resume: bool = False) -> dict:
+    """Train `recipe` (recipes.Recipe) into run directory `out`.
+
+    A new run trains the joint byte-level BPE on the training split of both languages, writes
+    tokenizer.json and config.json, then trains; `resume` continues from out/checkpoint/ with the
+    saved configs (the budgets of `recipe.train` apply: --steps and --minutes are totals).
+
+    Returns:
+        the final validation record with "best", "best_step", "parameters", "tokens_per_s".
+    Raises:
+        FileExistsError: when `out` already holds a run and resume is False (nothing is overwritten).
+        FileNotFoundError: when resume is asked for but `out` has no checkpoint.
+        DatasetNotFoundError: when the data set is missing (data/datasets.py).
+    """
+    out = Path(out)
+    if resume:
+        if not (out / CHECKPOINT_DIR / "state.json").is_file():
+            raise FileNotFoundError(f"nothing to resume: {out / CHECKPOINT_DIR} has no checkpoint")
+        saved = json.loads((out / "config.json").read_text())
+        model_cfg = Seq2SeqConfig.from_dict(saved["model"])
+        data_cfg = TranslationDataConfig.from_dict(saved["data"])
+        train_cfg = TrainConfig.from_dict({**saved["train"], "max_steps": recipe.train.max_steps,
+                                           "minutes": recipe.train.minutes})
+        tokenizer = ByteLevelBPE.load(out / "tokenizer.json")
+    else:
+        if (out / "config.json").exists():
+            raise FileExistsError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
+        model_cfg, data_cfg, train_cfg = recipe.model, recipe.data, recipe.train
+    _set_threads(train_cfg.threads)
+    src, tgt = read_parallel(data_cfg.dataset, "train", data_cfg.src_lang, data_cfg.tgt_lang)
+    val_src, val_tgt = read_parallel(data_cfg.dataset, "val", data_cfg.src_lang, data_cfg.tgt_lang)
+    if not resume:
+        out.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        tokenizer = ByteLevelBPE.train(src + tgt, data_cfg.tokenizer_vocab_size, SPECIAL_TOKENS)
+        log.info("trained a %d-token BPE in %.1f s", tokenizer.vocab_size, time.perf_counter() - t0)
+        tokenizer.save(out / "tokenizer.json")
+        ids = tokenizer.special_tokens
+        model_cfg = Seq2SeqConfig.from_dict({**model_cfg.to_dict(), "vocab_size": tokenizer.vocab_size,
+                                             "pad_id": ids["<pad>"], "bos_id": ids["<bos>"], "eos_id": ids["<eos>"]})
+        write_json_atomic(out / "config.json", {"model_type": "seq2seq", "recipe": recipe.name,
+                                                 "model": model_cfg.to_dict(), "data": data_cfg.to_dict(),
+                                                 "train": train_cfg.to_dict()})
+    max_len = min(data_cfg.max_len, model_cfg.max_seq_len)
+    train = ParallelCorpus.encode(tokenizer, src, tgt, max_len)
+    val = ParallelCorpus.encode(tokenizer, val_src, val_tgt, max_len)
+    torch.manual_seed(train_cfg.seed)
+    model = Seq2SeqTransformer(model_cfg)
+    task = TranslationTask(tokenizer, train, val, val_tgt, train_cfg, model_cfg.pad_id, model_cfg.bos_id,
+                           model_cfg.eos_id)
+    trainer = Trainer(model, task, train_cfg, out, model_cfg.d_model)
+    if resume:
+        trainer.resume()
+    log.info("model: %.2fM parameters; %d training pairs, %d target tokens per epoch",
+             model.num_parameters() / 1e6, len(train), train.target_tokens())
+    record = trainer.fit()
+    s = trainer.state
+    return {**record, "parameters": model.num_parameters(), "steps": s["step"],
+            "tokens_per_s": round(s["tokens"] / max(s["elapsed_s"], 1e-9), 1)}
+
+
+def load_translator(path: str | Path) -> tuple[Seq2SeqTransformer, ByteLevelBPE, dict]:
+    """Load a trained translation model directory (config.json, model.safetensors, tokenizer.json).
+
+    Returns:
+        (model in eval mode, tokenizer, the saved config dict).
+    Raises:
+        FileNotFoundError: naming the missing file. ValueError: for a config of another model type.
+    """
+    path = Path(path)
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        if not (path / name).is_file():
+            raise FileNotFoundError(f"{path} is not a trained model directory: {name} is missing")
+    saved = json.loads((path / "config.json").read_text())
+    if saved.get("model_type") != "seq2seq":
+        raise ValueError(f"{path / 'config.json'}: model_type is {saved.get('model_type')!r}, expected 'seq2seq'")
+    model = Seq2SeqTransformer(Seq2SeqConfig.from_dict(saved["model"]))
+    load_weights(model, path / "model.safetensors")
+    return model.eval(), ByteLevelBPE.load(path / "tokenizer.json"), saved
+
+
+def encode_sources(model: Seq2SeqTransformer, tokenizer, sentences: list[str]) -> list[list[int]]:
+    """Tokenize source sentences, cutting any longer than max_seq_len with a warning."""
+    limit = model.cfg.max_seq_len
+    out = []
+    for i, ids in enumerate(tokenizer.encode_batch(sentences)):
+        if len(ids) > limit:
+            log.warning("source %d has %d tokens; truncated to max_seq_len=%d", i + 1, len(ids), limit)
+            ids = ids[:limit]
+        out.append(ids)
+    return out
+
+
+def translate(model: Seq2SeqTransformer, tokenizer, sentences: list[str], beam_size: int = 4,
+              alpha: float = 0.6) -> list[str]:
+    """Translate sentences (beam search, or greedy with beam_size 1); one output per input."""
+    with torch.no_grad():
+        return decode_corpus(model, tokenizer, encode_sources(model, tokenizer, sentences), beam_size, alpha)
+
+
+def evaluate_translation(path: str | Path, split: str = "test", limit: int | None = None,
+                         beam_size: int = 4, alpha: float = 0.6) -> dict:
+    """sacreBLEU of a trained model on a split ("val", "test" = the recipe's test split, or a file
+    stem such as "test_2016_flickr"), against the raw references.
+
+    Returns:
+        {"split", "n", "bleu", "beam", "seconds"}.
+    """
+    model, tokenizer, saved = load_translator(path)
+    data = saved["data"]
+    name = data["test_split"] if split == "test" else split
+    src, refs = read_parallel(data["dataset"], name, data["src_lang"], data["tgt_lang"])
+    if limit is not None:
+        src, refs = src[:limit], refs[:limit]
+    t0 = time.perf_counter()
+    hyps = translate(model, tokenizer, src, beam_size, alpha)
+    return {"split": name, "n": len(src), "bleu": round(corpus_bleu(hyps, refs), 2), "beam": beam_size,
+            "seconds": round(time.perf_counter() - t0, 1)}
