@@ -129,7 +129,7 @@ class TrainConfig(_Config):
     eval_bleu_sentences: int = 500    # validation sentences decoded for BLEU at each evaluation
     log_every: int = 50               # steps between metrics.jsonl lines
     checkpoint_every: int = 500       # steps between resumable checkpoints
-    average_last: int = 0             # average the weights of the last N evaluations at the end (0 = off)
+    average_last: int = 0             # average the weights of the last N checkpoints at the end (0 = off)
     beam_size: int = 4                # beam width for final evaluation / translation (paper §6.1)
     length_penalty: float = 0.6       # α of the GNMT length penalty (paper §6.1)
     autocast: Literal["none", "bf16"] = "none"  # bf16 autocast for matmuls (CPU with AVX512-BF16)

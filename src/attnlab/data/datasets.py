@@ -100,14 +100,18 @@ def find_dataset(name: str, files: list[str] | None = None, download: bool = Tru
             return root / name
     cache = Path.home() / ".cache" / "attnlab" / name
     searched = ", ".join(str(p / name) for p in search_path())
-    source = DATASETS[name][wanted[0]].url.rsplit("/", 1)[0] if wanted[0] in DATASETS[name] else "?"
+    source = next(iter(DATASETS[name].values())).url.rsplit("/", 1)[0]
+    unknown = sorted(set(wanted) - set(DATASETS[name]))
+    if unknown:
+        raise DatasetNotFoundError(f"{', '.join(unknown)} not found in {searched}, and not a file of data set "
+                                   f"{name!r} (source {source}); known files: {', '.join(sorted(DATASETS[name]))}")
     if not download:
         raise DatasetNotFoundError(f"data set {name!r} not found in {searched}; download it from {source}")
     try:
         for f in wanted:
             if not (cache / f).is_file():
                 _download(DATASETS[name][f], cache / f)
-    except (OSError, KeyError) as e:
+    except OSError as e:
         raise DatasetNotFoundError(
             f"data set {name!r} not found in {searched}, and downloading from {source} failed ({e}); "
             f"copy its files into one of those folders or set ATTNLAB_DATA") from None

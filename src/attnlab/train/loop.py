@@ -21,7 +21,7 @@ from attnlab.train.checkpoint import load_training_state, load_weights, save_tra
 from attnlab.train.optim import build_optimizer, noam_lr, set_lr
 
 CHECKPOINT_DIR = "checkpoint"   # resumable state inside a run directory
-SNAPSHOT_DIR = "snapshots"      # weights of the last evaluations, for averaging
+SNAPSHOT_DIR = "snapshots"      # weights of the last checkpoints, for averaging
 
 
 def learning_rate(cfg: TrainConfig, step: int, d_model: int) -> float:
@@ -86,7 +86,7 @@ class Trainer:
             return False
         return cfg.minutes is None or self.elapsed() < cfg.minutes * 60
 
-    def _evaluate(self, snapshot: bool = True) -> dict:
+    def _evaluate(self) -> dict:
         self.model.eval()
         with torch.no_grad(), autocast_context(self.cfg.autocast):
             metrics = self.task.evaluate(self.model)
@@ -99,13 +99,15 @@ class Trainer:
         if s["best"] is None or value > s["best"]:
             s["best"], s["best_step"] = value, s["step"]
             save_weights(self.model, self.out / "model.safetensors")
-        if self.cfg.average_last and snapshot:
-            snaps = self.out / SNAPSHOT_DIR
-            snaps.mkdir(exist_ok=True)
-            save_weights(self.model, snaps / f"step_{s['step']:08d}.safetensors")
-            for old in sorted(snaps.glob("step_*.safetensors"))[:-self.cfg.average_last]:
-                old.unlink()
         return record
+
+    def _snapshot(self) -> None:
+        """Keep the weights of the last cfg.average_last checkpoints, for averaging at the end."""
+        snaps = self.out / SNAPSHOT_DIR
+        snaps.mkdir(exist_ok=True)
+        save_weights(self.model, snaps / f"step_{self.state['step']:08d}.safetensors")
+        for old in sorted(snaps.glob("step_*.safetensors"))[:-self.cfg.average_last]:
+            old.unlink()
 
     def _train_step(self, batch) -> tuple[float, int]:
         s, cfg = self.state, self.cfg
@@ -160,6 +162,8 @@ class Trainer:
                         window_t, window_tok = time.perf_counter(), 0  # keep eval time out of tokens/s
                     if s["step"] % cfg.checkpoint_every == 0:
                         self._save()
+                        if cfg.average_last:
+                            self._snapshot()
                 if s["position"] >= len(batches):
                     s["epoch"], s["position"] = s["epoch"] + 1, 0
         except KeyboardInterrupt:
@@ -169,6 +173,8 @@ class Trainer:
         bar.close()
         record = self._evaluate() if last_eval != s["step"] or s["best"] is None else None
         self._save()
+        if cfg.average_last:
+            self._snapshot()
         record = self._try_average() or record or self._last_eval()
         return {**record, "best": s["best"], "best_step": s["best_step"]}
 
@@ -188,7 +194,7 @@ class Trainer:
             return None
         average_snapshots(self.model, snaps)
         s, before = self.state, self.state["best"]
-        record = self._evaluate(snapshot=False)
+        record = self._evaluate()
         record["averaged"] = [p.stem for p in snaps]
         self.log({"averaged": len(snaps), "step": s["step"], self.task.best_metric: record[self.task.best_metric],
                   "kept": s["best"] != before})
