@@ -21,9 +21,18 @@ def _cmd_train(args) -> None:
         budget.append(f"minutes={args.minutes}")
     if args.steps is not None:
         budget += [f"max_steps={args.steps}"] + ([] if args.minutes is not None else ["minutes=none"])
+    if args.resume and args.set:
+        raise ValueError("--set cannot change a run being resumed (its settings are in its config.json); "
+                         "only --steps and --minutes apply")
     recipe = recipe.with_overrides(list(args.set) + budget)
     out = args.out or f"runs/{recipe.name}"
-    print(json.dumps(train_translation(recipe, out, resume=args.resume)))
+    try:
+        result = train_translation(recipe, out, resume=args.resume)
+    except KeyboardInterrupt:
+        print(f"attnlab: interrupted; continue with: attnlab train --recipe {recipe.name} --out {out} --resume",
+              file=sys.stderr)
+        raise SystemExit(130) from None
+    print(json.dumps(result))
 
 
 def _cmd_evaluate(args) -> None:
@@ -82,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--beam", type=_positive_int, default=4, help="beam size (1 = greedy; default 4)")
     tr.add_argument("text", nargs="*", help="sentences to translate (default: read stdin)")
     tr.set_defaults(func=_cmd_translate)
+    from attnlab.tokenizers.cli import add_tokenizer_parser
+    add_tokenizer_parser(sub)
     return p
 
 
@@ -91,8 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args.func(args)
     except KeyboardInterrupt:
-        print("attnlab: interrupted; a checkpoint was written where training was running "
-              "(continue with --resume)", file=sys.stderr)
+        print("attnlab: interrupted", file=sys.stderr)
         return 130
     except (ValueError, KeyError, OSError) as e:  # bad input: one line, no traceback
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e

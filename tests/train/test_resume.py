@@ -1,6 +1,7 @@
 """Checkpoints: save -> load gives identical outputs; interrupted + resumed == uninterrupted."""
 import json
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -40,3 +41,30 @@ def test_saved_model_loads_with_identical_outputs(tiny_multi30k, tmp_path):
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert any("loss" in x and "lr" in x and "tokens_per_s" in x for x in lines)
     assert any("val_bleu" in x for x in lines)
+
+
+def test_ctrl_c_checkpoints_after_the_step_and_resume_matches(tiny_multi30k, tmp_path, monkeypatch):
+    import os
+    import signal
+
+    from attnlab.train.loop import Trainer
+
+    train_translation(tiny_recipe(7), tmp_path / "full")
+    original = Trainer._train_step
+
+    def step_then_ctrl_c(self, batch):
+        out = original(self, batch)
+        if self.state["step"] == 3:
+            os.kill(os.getpid(), signal.SIGINT)  # arrives as if typed during step 3
+        return out
+
+    monkeypatch.setattr(Trainer, "_train_step", step_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        train_translation(tiny_recipe(7), tmp_path / "split")
+    state = json.loads((tmp_path / "split" / "checkpoint" / "state.json").read_text())
+    assert state["step"] == 3
+    monkeypatch.setattr(Trainer, "_train_step", original)
+    train_translation(tiny_recipe(7), tmp_path / "split", resume=True)
+    a = load_file(str(tmp_path / "full" / "checkpoint" / "model.safetensors"))
+    b = load_file(str(tmp_path / "split" / "checkpoint" / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -49,6 +51,10 @@ def average_snapshots(model: torch.nn.Module, paths: list[Path]) -> None:
     model.load_state_dict({k: (v / len(paths)).float() for k, v in total.items()})
 
 
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
 class Trainer:
     """Trains `model` on `task` under `cfg`, writing into run directory `out`.
 
@@ -61,6 +67,8 @@ class Trainer:
     def __init__(self, model: torch.nn.Module, task, cfg: TrainConfig, out: Path, d_model: int):
         self.model, self.task, self.cfg, self.out, self.d_model = model, task, cfg, Path(out), d_model
         self.optimizer = build_optimizer(model, 0.0, (cfg.beta1, cfg.beta2), cfg.eps, cfg.weight_decay)
+        self._last_record: dict | None = None
+        self._interrupted = False
         self.state = {"step": 0, "epoch": 0, "position": 0, "elapsed_s": 0.0, "tokens": 0,
                       "best": None, "best_step": None}
 
@@ -86,19 +94,22 @@ class Trainer:
             return False
         return cfg.minutes is None or self.elapsed() < cfg.minutes * 60
 
-    def _evaluate(self) -> dict:
+    def _evaluate(self, **extra) -> dict:
+        """Validate, log the record (with `extra` fields) and keep the weights if they are the best."""
         self.model.eval()
         with torch.no_grad(), autocast_context(self.cfg.autocast):
             metrics = self.task.evaluate(self.model)
         self.model.train()
         s = self.state
-        record = {"step": s["step"], "epoch": s["epoch"],
-                  "elapsed_s": round(self.elapsed(), 1), **metrics}
-        self.log(record)
         value = metrics[self.task.best_metric]
-        if s["best"] is None or value > s["best"]:
+        improved = s["best"] is None or value > s["best"]
+        if improved:
             s["best"], s["best_step"] = value, s["step"]
             save_weights(self.model, self.out / "model.safetensors")
+        record = {"step": s["step"], "epoch": s["epoch"], "elapsed_s": round(self.elapsed(), 1), **metrics,
+                  **extra, "best": s["best"]}
+        self.log(record)
+        self._last_record = record
         return record
 
     def _snapshot(self) -> None:
@@ -126,7 +137,8 @@ class Trainer:
 
     def fit(self) -> dict:
         """Train until a budget (cfg.max_steps, cfg.minutes) runs out, then evaluate, checkpoint and
-        (cfg.average_last) try the average of the last snapshots. Ctrl-C writes a checkpoint first.
+        (cfg.average_last) try the average of the last snapshots. Ctrl-C finishes the current step and
+        writes a checkpoint, then raises KeyboardInterrupt; a second Ctrl-C aborts at once.
 
         Returns:
             the final evaluation record, with "best" and "best_step".
@@ -138,12 +150,16 @@ class Trainer:
         window_t, window_tok, last_eval = time.perf_counter(), 0, s["step"]
         bar = tqdm(total=cfg.max_steps, initial=s["step"], unit="step", dynamic_ncols=True, leave=False,
                    mininterval=2.0)
+        self._interrupted = False
+        previous = signal.signal(signal.SIGINT, self._on_interrupt) if _main_thread() else None
         try:
             while self._budget_left():
                 batches = self.task.batches(s["epoch"])
                 while s["position"] < len(batches) and self._budget_left():
                     loss, n = self._train_step(batches[s["position"]])
                     s["position"] += 1
+                    if self._interrupted:  # Ctrl-C: the step is complete, so the checkpoint is exact
+                        raise KeyboardInterrupt
                     window_tok += n
                     bar.update(1)
                     if s["step"] % cfg.log_every == 0:
@@ -168,35 +184,34 @@ class Trainer:
                     s["epoch"], s["position"] = s["epoch"] + 1, 0
         except KeyboardInterrupt:
             self._save()
-            bar.close()
             raise
-        bar.close()
-        record = self._evaluate() if last_eval != s["step"] or s["best"] is None else None
+        finally:
+            bar.close()
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+        record = self._evaluate() if last_eval != s["step"] or self._last_record is None else self._last_record
         self._save()
         if cfg.average_last:
             self._snapshot()
-        record = self._try_average() or record or self._last_eval()
+        record = self._try_average() or record
         return {**record, "best": s["best"], "best_step": s["best_step"]}
+
+    def _on_interrupt(self, signum, frame) -> None:
+        if self._interrupted:  # a second Ctrl-C stops at once (the last checkpoint stays valid)
+            raise KeyboardInterrupt
+        self._interrupted = True
+        tqdm.write("interrupted: finishing this step and writing a checkpoint (Ctrl-C again to abort)")
 
     def _save(self) -> None:
         self.state["elapsed_s"] = self.elapsed()
         self._clock = time.perf_counter()
         self.checkpoint()
 
-    def _last_eval(self) -> dict:
-        lines = (self.out / "metrics.jsonl").read_text().splitlines()
-        evals = [json.loads(x) for x in lines if self.task.best_metric in x]
-        return evals[-1]
-
     def _try_average(self) -> dict | None:
         snaps = sorted((self.out / SNAPSHOT_DIR).glob("step_*.safetensors")) if self.cfg.average_last else []
         if len(snaps) < 2:
             return None
         average_snapshots(self.model, snaps)
-        s, before = self.state, self.state["best"]
-        record = self._evaluate()
-        record["averaged"] = [p.stem for p in snaps]
-        self.log({"averaged": len(snaps), "step": s["step"], self.task.best_metric: record[self.task.best_metric],
-                  "kept": s["best"] != before})
+        record = self._evaluate(averaged=[p.stem for p in snaps])
         load_training_state(self.out / CHECKPOINT_DIR, self.model, self.optimizer)  # back to the last weights
         return record
