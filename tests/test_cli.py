@@ -31,10 +31,55 @@ def test_train_evaluate_translate(trained, capsys):
     assert len(capsys.readouterr().out.splitlines()) == 2
 
 
-def test_translate_reads_stdin_and_skips_empty_lines(trained):
+def test_translate_reads_stdin_and_skips_empty_lines_keeping_alignment(trained):
     r = run_cli("translate", "--model", str(trained), "--beam", "1", stdin="A dog.\n\nA cat.\n")
     assert r.returncode == 0, r.stderr
-    assert len(r.stdout.splitlines()) == 2
+    out = r.stdout.split("\n")
+    assert len(out) == 4 and out[1] == "" and out[3] == ""  # three lines, the empty one stays empty
+
+
+def test_non_utf8_stdin_names_the_line(trained):
+    r = subprocess.run([sys.executable, "-m", "attnlab", "translate", "--model", str(trained)],
+                       input=b"A dog.\n\xff\xfe cat\n", capture_output=True, timeout=300)
+    assert r.returncode == 2 and b"stdin line 2 is not valid UTF-8" in r.stderr
+
+
+def test_resuming_a_finished_run_changes_nothing(trained, capsys):
+    before = (trained / "metrics.jsonl").read_text()
+    assert main(["train", "--recipe", "multi30k-en-de", "--steps", "4", "--out", str(trained), "--resume"]) == 0
+    assert json.loads(capsys.readouterr().out)["steps"] == 4
+    assert (trained / "metrics.jsonl").read_text() == before
+
+
+def test_damaged_run_directory_gives_one_line(trained, capsys):
+    (trained / "config.json").write_text("[]")
+    assert main(["evaluate", "--model", str(trained)]) == 2
+    assert "must hold a JSON object" in capsys.readouterr().err
+    (trained / "config.json").write_text("{")
+    assert main(["translate", "--model", str(trained), "x"]) == 2
+    assert "config.json is not valid JSON" in capsys.readouterr().err
+
+
+def test_weights_that_do_not_match_the_config_give_one_line(trained, capsys):
+    cfg = json.loads((trained / "config.json").read_text())
+    cfg["model"]["d_model"] = 64
+    (trained / "config.json").write_text(json.dumps(cfg))
+    assert main(["translate", "--model", str(trained), "x"]) == 2
+    assert "does not match the model's config" in capsys.readouterr().err
+    (trained / "model.safetensors").write_bytes(b"garbage")
+    assert main(["translate", "--model", str(trained), "x"]) == 2
+
+
+def test_invalid_setting_leaves_no_run_behind(tiny_multi30k, tmp_path, capsys):
+    out = tmp_path / "bad"
+    assert main(["train", "--recipe", "multi30k-en-de", "--out", str(out), "--set", "beta1=1.5"]) == 2
+    assert "beta1 must be in [0, 1)" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_unknown_split_lists_the_known_ones(trained, capsys):
+    assert main(["evaluate", "--model", str(trained), "--split", "nosuch"]) == 2
+    assert "unknown split 'nosuch'; known: train, val, test" in capsys.readouterr().err
 
 
 def test_existing_run_is_not_overwritten(trained, capsys):
@@ -48,7 +93,10 @@ def test_existing_run_is_not_overwritten(trained, capsys):
     (["train", "--recipe", "multi30k-en-de", "--set", "norm_position=middle"], "norm_position must be one of"),
     (["train", "--recipe", "multi30k-en-de", "--set", "d_model=abc"], "d_model must be int"),
     (["train", "--recipe", "multi30k-en-de", "--set", "n_heads=3"], "d_model must be divisible by n_heads=3"),
-    (["evaluate", "--model", "/nonexistent/run"], "config.json is missing"),
+    (["evaluate", "--model", "/nonexistent/run"], "is not a directory"),
+    (["evaluate", "--model", ".", "--beam", "0"], "must be in 1..64"),
+    (["train", "--recipe", "multi30k-en-de", "--set", "eps=0"], "eps must be > 0"),
+    (["train"], "the following arguments are required: --recipe"),
 ])
 def test_bad_input_exits_2_with_one_line(args, message, tmp_path):
     r = run_cli(*args)

@@ -44,11 +44,33 @@ def _cmd_evaluate(args) -> None:
 def _cmd_translate(args) -> None:
     from attnlab.translation import load_translator, translate
 
+    lines = [_check_text(t, f"argument {i + 1}") for i, t in enumerate(args.text)] if args.text else _stdin_lines()
     model, tokenizer, _ = load_translator(args.model)
-    lines = args.text if args.text else sys.stdin.read().splitlines()
-    lines = [x.strip() for x in lines if x.strip()]  # empty lines are skipped
-    for hyp in translate(model, tokenizer, lines, args.beam):
+    todo = [i for i, x in enumerate(lines) if x.strip()]  # empty lines are skipped (an empty line out)
+    out = [""] * len(lines)
+    for i, hyp in zip(todo, translate(model, tokenizer, [lines[i].strip() for i in todo], args.beam)):
+        out[i] = hyp
+    for hyp in out:
         print(hyp, flush=True)
+
+
+def _check_text(text: str, where: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:  # undecodable bytes in argv arrive as surrogates
+        raise ValueError(f"{where} is not valid UTF-8 (character {e.start})") from None
+    return text
+
+
+def _stdin_lines() -> list[str]:
+    """Standard input as lines; bytes that are not UTF-8 are refused with the line and byte offset."""
+    lines = []
+    for n, raw in enumerate(sys.stdin.buffer.read().splitlines(), 1):
+        try:
+            lines.append(raw.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise ValueError(f"stdin line {n} is not valid UTF-8 (byte offset {e.start})") from None
+    return lines
 
 
 def _positive_int(text: str) -> int:
@@ -65,8 +87,22 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _beam(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 64:
+        raise argparse.ArgumentTypeError(f"must be in 1..64 (1 = greedy), got {value}")
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (no usage block), exit code 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="attnlab", description="The Transformer family: train, run, inspect.")
+    p = _Parser(prog="attnlab", description="The Transformer family: train, run, inspect.")
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train a recipe into a run directory")
@@ -81,14 +117,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("evaluate", help="sacreBLEU of a trained model; one JSON line on stdout")
     e.add_argument("--model", required=True, help="trained model directory")
-    e.add_argument("--split", default="test", help="val | test (default test)")
+    e.add_argument("--split", default="test", help="train | val | test (default test = test_2016_flickr)")
     e.add_argument("--limit", type=_positive_int, help="only the first N sentences")
-    e.add_argument("--beam", type=_positive_int, default=4, help="beam size (1 = greedy; default 4)")
+    e.add_argument("--beam", type=_beam, default=4, help="beam size 1..64 (1 = greedy; default 4)")
     e.set_defaults(func=_cmd_evaluate)
 
-    tr = sub.add_parser("translate", help="translate TEXT arguments, or stdin lines; one line out each")
+    tr = sub.add_parser("translate", help="translate TEXT arguments, or stdin lines; one line out each "
+                        "(an empty line in gives an empty line out)")
     tr.add_argument("--model", required=True, help="trained model directory")
-    tr.add_argument("--beam", type=_positive_int, default=4, help="beam size (1 = greedy; default 4)")
+    tr.add_argument("--beam", type=_beam, default=4, help="beam size 1..64 (1 = greedy; default 4)")
     tr.add_argument("text", nargs="*", help="sentences to translate (default: read stdin)")
     tr.set_defaults(func=_cmd_translate)
     from attnlab.tokenizers.cli import add_tokenizer_parser
@@ -104,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("attnlab: interrupted", file=sys.stderr)
         return 130
-    except (ValueError, KeyError, OSError) as e:  # bad input: one line, no traceback
+    except (ValueError, KeyError, OSError, ArithmeticError) as e:  # bad input: one line, no traceback
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"attnlab: error: {msg}", file=sys.stderr)
         return 2

@@ -82,6 +82,8 @@ class Seq2SeqConfig(_Config):
         for name in ("pad_id", "bos_id", "eos_id"):
             _check(0 <= getattr(self, name) < self.vocab_size, name, f"in [0, vocab_size={self.vocab_size})",
                    getattr(self, name))
+        _check(len({self.pad_id, self.bos_id, self.eos_id}) == 3, "bos_id", "different from pad_id and eos_id",
+               self.bos_id)
 
     @property
     def head_dim(self) -> int:
@@ -97,7 +99,7 @@ class TranslationDataConfig(_Config):
     tgt_lang: Literal["en", "de", "fr"] = "de"  # target language
     tokenizer_vocab_size: int = 8000  # joint byte-level BPE vocabulary size, special tokens included
     max_len: int = 128                # longer training pairs are truncated to this many tokens
-    test_split: str = "test_2016_flickr"  # the split `evaluate --split test` reads
+    test_split: Literal["test_2016_flickr"] = "test_2016_flickr"  # the split `evaluate --split test` reads
 
     def __post_init__(self):
         _check_literals(self)
@@ -142,6 +144,13 @@ class TrainConfig(_Config):
                      "beam_size", "eval_bleu_sentences"):
             _check(getattr(self, name) > 0, name, "> 0", getattr(self, name))
         _check(0.0 <= self.label_smoothing < 1.0, "label_smoothing", "in [0, 1)", self.label_smoothing)
+        for name in ("beta1", "beta2"):
+            _check(0.0 <= getattr(self, name) < 1.0, name, "in [0, 1)", getattr(self, name))
+        for name in ("eps", "lr", "lr_factor"):
+            _check(getattr(self, name) > 0, name, "> 0", getattr(self, name))
+        _check(self.weight_decay >= 0, "weight_decay", ">= 0", self.weight_decay)
+        _check(self.length_penalty >= 0, "length_penalty", ">= 0", self.length_penalty)
+        _check(self.beam_size <= 64, "beam_size", "in 1..64", self.beam_size)
         _check(self.max_steps is None or self.max_steps > 0, "max_steps", "> 0 or None", self.max_steps)
         _check(self.minutes is None or self.minutes > 0, "minutes", "> 0 or None", self.minutes)
         _check(self.average_last >= 0, "average_last", ">= 0", self.average_last)

@@ -1,7 +1,6 @@
 """Translation end to end: train a recipe, load a trained model, translate, evaluate with sacreBLEU."""
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -12,7 +11,7 @@ from attnlab.config import Seq2SeqConfig, TrainConfig, TranslationDataConfig
 from attnlab.data.translation import ParallelCorpus, read_parallel
 from attnlab.models.seq2seq import Seq2SeqTransformer
 from attnlab.tokenizers import ByteLevelBPE
-from attnlab.train.checkpoint import load_weights, write_json_atomic
+from attnlab.train.checkpoint import load_weights, read_json, write_json_atomic
 from attnlab.train.loop import CHECKPOINT_DIR, Trainer
 from attnlab.train.translation_task import TranslationTask, corpus_bleu, decode_corpus
 
@@ -25,54 +24,73 @@ def _set_threads(n: int) -> None:
         torch.set_num_threads(n)
 
 
+def _has_run(out: Path) -> bool:
+    """Whether `out` holds trained weights or a resumable checkpoint (the things a rerun would lose)."""
+    return (out / CHECKPOINT_DIR / "state.json").is_file() or (out / "model.safetensors").is_file()
+
+
+def _saved_configs(path: Path) -> tuple[dict, Seq2SeqConfig, TranslationDataConfig, dict]:
+    saved = read_json(path / "config.json")
+    if saved.get("model_type") != "seq2seq":
+        raise ValueError(f"{path / 'config.json'}: model_type is {saved.get('model_type')!r}, expected 'seq2seq'")
+    missing = [k for k in ("model", "data", "train") if not isinstance(saved.get(k), dict)]
+    if missing:
+        raise ValueError(f"{path / 'config.json'}: missing section(s) {missing}")
+    return saved, Seq2SeqConfig.from_dict(saved["model"]), TranslationDataConfig.from_dict(saved["data"]), saved["train"]
+
+
 def train_translation(recipe, out: str | Path, resume: bool = False) -> dict:
     """Train `recipe` (recipes.Recipe) into run directory `out`.
 
-    A new run trains the joint byte-level BPE on the training split of both languages, writes
-    tokenizer.json and config.json, then trains; `resume` continues from out/checkpoint/ with the
-    saved configs (the budgets of `recipe.train` apply: --steps and --minutes are totals).
+    A new run trains the joint byte-level BPE on the training split of both languages, checks every
+    setting by building the model, and only then writes tokenizer.json and config.json and trains.
+    `resume` continues from out/checkpoint/ with the saved settings; the budgets of `recipe.train`
+    apply and are totals (a finished run resumed with the same budget only reports its result).
 
     Returns:
-        the final validation record with "best", "best_step", "parameters", "tokens_per_s".
+        the final validation record with "best", "best_step", "parameters", "steps", "tokens_per_s".
     Raises:
-        FileExistsError: when `out` already holds a run and resume is False (nothing is overwritten).
+        FileExistsError: when `out` is a file, or already holds a run and resume is False.
         FileNotFoundError: when resume is asked for but `out` has no checkpoint.
         DatasetNotFoundError: when the data set is missing (data/datasets.py).
+        ValueError: for an invalid setting or a damaged run directory, naming what is wrong.
     """
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"--out {out} is a file, not a run directory")
     if resume:
         if not (out / CHECKPOINT_DIR / "state.json").is_file():
             raise FileNotFoundError(f"nothing to resume: {out / CHECKPOINT_DIR} has no checkpoint")
-        saved = json.loads((out / "config.json").read_text())
-        model_cfg = Seq2SeqConfig.from_dict(saved["model"])
-        data_cfg = TranslationDataConfig.from_dict(saved["data"])
-        train_cfg = TrainConfig.from_dict({**saved["train"], "max_steps": recipe.train.max_steps,
+        _, model_cfg, data_cfg, saved_train = _saved_configs(out)
+        train_cfg = TrainConfig.from_dict({**saved_train, "max_steps": recipe.train.max_steps,
                                            "minutes": recipe.train.minutes})
         tokenizer = ByteLevelBPE.load(out / "tokenizer.json")
     else:
-        if (out / "config.json").exists():
+        if _has_run(out):
             raise FileExistsError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
         model_cfg, data_cfg, train_cfg = recipe.model, recipe.data, recipe.train
     _set_threads(train_cfg.threads)
     src, tgt = read_parallel(data_cfg.dataset, "train", data_cfg.src_lang, data_cfg.tgt_lang)
     val_src, val_tgt = read_parallel(data_cfg.dataset, "val", data_cfg.src_lang, data_cfg.tgt_lang)
     if not resume:
-        out.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
         tokenizer = ByteLevelBPE.train(src + tgt, data_cfg.tokenizer_vocab_size, SPECIAL_TOKENS)
         log.info("trained a %d-token BPE in %.1f s", tokenizer.vocab_size, time.perf_counter() - t0)
-        tokenizer.save(out / "tokenizer.json")
         ids = tokenizer.special_tokens
         model_cfg = Seq2SeqConfig.from_dict({**model_cfg.to_dict(), "vocab_size": tokenizer.vocab_size,
                                              "pad_id": ids["<pad>"], "bos_id": ids["<bos>"], "eos_id": ids["<eos>"]})
+    torch.manual_seed(train_cfg.seed)
+    model = Seq2SeqTransformer(model_cfg)
+    if not resume:  # every setting has been checked: now the run directory is written
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "metrics.jsonl").unlink(missing_ok=True)
+        tokenizer.save(out / "tokenizer.json")
         write_json_atomic(out / "config.json", {"model_type": "seq2seq", "recipe": recipe.name,
                                                  "model": model_cfg.to_dict(), "data": data_cfg.to_dict(),
                                                  "train": train_cfg.to_dict()})
     max_len = min(data_cfg.max_len, model_cfg.max_seq_len)
     train = ParallelCorpus.encode(tokenizer, src, tgt, max_len)
     val = ParallelCorpus.encode(tokenizer, val_src, val_tgt, max_len)
-    torch.manual_seed(train_cfg.seed)
-    model = Seq2SeqTransformer(model_cfg)
     task = TranslationTask(tokenizer, train, val, val_tgt, train_cfg, model_cfg.pad_id, model_cfg.bos_id,
                            model_cfg.eos_id)
     trainer = Trainer(model, task, train_cfg, out, model_cfg.d_model)
@@ -92,16 +110,21 @@ def load_translator(path: str | Path) -> tuple[Seq2SeqTransformer, ByteLevelBPE,
     Returns:
         (model in eval mode, tokenizer, the saved config dict).
     Raises:
-        FileNotFoundError: naming the missing file. ValueError: for a config of another model type.
+        FileNotFoundError: naming the missing file or directory.
+        ValueError: for a damaged config, a config of another model type, or weights that do not match.
     """
     path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path} is not a directory (expected a trained model directory)")
+    if (path / "config.json").is_file() and not (path / "model.safetensors").is_file() \
+            and (path / CHECKPOINT_DIR).is_dir():
+        raise FileNotFoundError(f"{path} has no evaluated weights yet (model.safetensors is written at the first "
+                                f"evaluation); continue training it with: attnlab train --recipe RECIPE --out {path} --resume")
     for name in ("config.json", "model.safetensors", "tokenizer.json"):
         if not (path / name).is_file():
             raise FileNotFoundError(f"{path} is not a trained model directory: {name} is missing")
-    saved = json.loads((path / "config.json").read_text())
-    if saved.get("model_type") != "seq2seq":
-        raise ValueError(f"{path / 'config.json'}: model_type is {saved.get('model_type')!r}, expected 'seq2seq'")
-    model = Seq2SeqTransformer(Seq2SeqConfig.from_dict(saved["model"]))
+    saved, model_cfg, _, _ = _saved_configs(path)
+    model = Seq2SeqTransformer(model_cfg)
     load_weights(model, path / "model.safetensors")
     return model.eval(), ByteLevelBPE.load(path / "tokenizer.json"), saved
 
@@ -135,7 +158,10 @@ def evaluate_translation(path: str | Path, split: str = "test", limit: int | Non
     """
     model, tokenizer, saved = load_translator(path)
     data = saved["data"]
-    name = data["test_split"] if split == "test" else split
+    splits = {"train": "train", "val": "val", "test": data["test_split"], data["test_split"]: data["test_split"]}
+    if split not in splits:
+        raise ValueError(f"unknown split {split!r}; known: train, val, test (= {data['test_split']})")
+    name = splits[split]
     src, refs = read_parallel(data["dataset"], name, data["src_lang"], data["tgt_lang"])
     if limit is not None:
         src, refs = src[:limit], refs[:limit]

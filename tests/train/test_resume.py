@@ -68,3 +68,23 @@ def test_ctrl_c_checkpoints_after_the_step_and_resume_matches(tiny_multi30k, tmp
     a = load_file(str(tmp_path / "full" / "checkpoint" / "model.safetensors"))
     b = load_file(str(tmp_path / "split" / "checkpoint" / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_diverged_loss_stops_without_touching_the_weights(tiny_multi30k, tmp_path, monkeypatch):
+    from attnlab.train.translation_task import TranslationTask
+
+    original = TranslationTask.loss
+    calls = []
+
+    def nan_at_third(self, model, batch):
+        loss, n = original(self, model, batch)
+        calls.append(1)
+        return (loss * float("nan"), n) if len(calls) == 3 else (loss, n)
+
+    monkeypatch.setattr(TranslationTask, "loss", nan_at_third)
+    with pytest.raises(FloatingPointError, match="at step 3"):
+        train_translation(tiny_recipe(7), tmp_path / "run")
+    state = json.loads((tmp_path / "run" / "checkpoint" / "state.json").read_text())
+    assert state["step"] == 2  # the checkpoint of step 2 (checkpoint_every=2) is intact
+    weights = load_file(str(tmp_path / "run" / "checkpoint" / "model.safetensors"))
+    assert all(torch.isfinite(w).all() for w in weights.values())

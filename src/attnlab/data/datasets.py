@@ -1,6 +1,6 @@
 """Where each real data set lives: a search path, then a download with a sha256 check.
 
-Search order (DESIGN.md): $ATTNLAB_DATA, ../shared/data (beside the working directory, then beside
+Search order: $ATTNLAB_DATA, ../shared/data (beside the working directory, then beside
 this checkout), ~/.cache/attnlab. Where none has the files, they are downloaded from the public
 source into ~/.cache/attnlab and checked against the sha256 of their published content.
 """
@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import logging
 import os
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+
+log = logging.getLogger("attnlab")
 
 
 class DatasetNotFoundError(FileNotFoundError):
@@ -95,6 +99,9 @@ def find_dataset(name: str, files: list[str] | None = None, download: bool = Tru
     if name not in DATASETS:
         raise KeyError(f"unknown data set {name!r}; known: {sorted(DATASETS)}")
     wanted = files if files is not None else sorted(DATASETS[name])
+    env = os.environ.get("ATTNLAB_DATA")
+    if env and not all((Path(env) / name / f).is_file() for f in wanted):
+        log.warning("ATTNLAB_DATA=%s has no %s/%s; searching the other places", env, name, wanted[0])
     for root in search_path():
         if all((root / name / f).is_file() for f in wanted):
             return root / name

@@ -13,13 +13,34 @@ import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 
 
+def _replace(tmp: str, path: Path) -> None:
+    os.chmod(tmp, 0o644)  # mkstemp makes 0600; these are ordinary files
+    os.replace(tmp, path)
+
+
 def write_json_atomic(path: Path, obj) -> None:
     """Write JSON to `path` through a temporary file in the same folder and os.replace."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         json.dump(obj, f, indent=2, ensure_ascii=False)
-    os.replace(tmp, path)
+    _replace(tmp, path)
+
+
+def read_json(path: Path) -> dict:
+    """A JSON object from `path`.
+
+    Raises:
+        FileNotFoundError: naming the path. ValueError: naming the file when it is not a JSON object.
+    """
+    path = Path(path)
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not valid JSON ({e})") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path} must hold a JSON object, found {type(obj).__name__}")
+    return obj
 
 
 def save_weights(model: torch.nn.Module, path: Path) -> None:
@@ -28,18 +49,28 @@ def save_weights(model: torch.nn.Module, path: Path) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     os.close(fd)
     save_model(model, tmp)
-    os.replace(tmp, path)
+    _replace(tmp, path)
 
 
 def load_weights(model: torch.nn.Module, path: Path) -> None:
-    """Load safetensors weights into `model`.
+    """Load safetensors weights into `model` (never unpickles).
 
     Raises:
-        FileNotFoundError: naming the path. ValueError: listing missing or unexpected tensors.
+        FileNotFoundError: naming the path. ValueError: naming the file when it is not safetensors,
+            or listing the missing, unexpected and mis-shaped tensors.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no weights at {path}")
+    try:
+        tensors = load_file(str(path))
+    except Exception as e:  # safetensors raises its own error type for a bad header
+        raise ValueError(f"{path} is not a readable safetensors file ({e})") from None
+    own = model.state_dict()
+    shaped = [f"{k} {tuple(v.shape)} != {tuple(own[k].shape)}" for k, v in tensors.items()
+              if k in own and v.shape != own[k].shape]
+    if shaped:
+        raise ValueError(f"{path} does not match the model's config: " + "; ".join(shaped[:5]))
     missing, unexpected = load_model(model, str(path), strict=False)
     if missing or unexpected:
         raise ValueError(f"{path}: missing tensors {sorted(missing)}, unexpected tensors {sorted(unexpected)}")
@@ -66,6 +97,7 @@ def save_training_state(folder: Path, model: torch.nn.Module, optimizer: torch.o
     save_file(tensors, str(tmp / "optimizer.safetensors"))
     save_file({"torch": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
     (tmp / "state.json").write_text(json.dumps({**state, "optimizer": meta}, indent=2))
+    os.chmod(tmp, 0o755)  # mkdtemp makes 0700
     old = folder.with_name(folder.name + ".old")
     if folder.exists():
         os.replace(folder, old)

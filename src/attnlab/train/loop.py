@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import signal
 import threading
 import time
@@ -22,6 +23,7 @@ from attnlab.config import TrainConfig
 from attnlab.train.checkpoint import load_training_state, load_weights, save_training_state, save_weights
 from attnlab.train.optim import build_optimizer, noam_lr, set_lr
 
+log = logging.getLogger("attnlab")
 CHECKPOINT_DIR = "checkpoint"   # resumable state inside a run directory
 SNAPSHOT_DIR = "snapshots"      # weights of the last checkpoints, for averaging
 
@@ -67,10 +69,9 @@ class Trainer:
     def __init__(self, model: torch.nn.Module, task, cfg: TrainConfig, out: Path, d_model: int):
         self.model, self.task, self.cfg, self.out, self.d_model = model, task, cfg, Path(out), d_model
         self.optimizer = build_optimizer(model, 0.0, (cfg.beta1, cfg.beta2), cfg.eps, cfg.weight_decay)
-        self._last_record: dict | None = None
         self._interrupted = False
         self.state = {"step": 0, "epoch": 0, "position": 0, "elapsed_s": 0.0, "tokens": 0,
-                      "best": None, "best_step": None}
+                      "best": None, "best_step": None, "last_eval": None}
 
     def log(self, record: dict) -> None:
         with open(self.out / "metrics.jsonl", "a", encoding="utf-8") as f:
@@ -109,7 +110,7 @@ class Trainer:
         record = {"step": s["step"], "epoch": s["epoch"], "elapsed_s": round(self.elapsed(), 1), **metrics,
                   **extra, "best": s["best"]}
         self.log(record)
-        self._last_record = record
+        s["last_eval"] = record
         return record
 
     def _snapshot(self) -> None:
@@ -126,6 +127,10 @@ class Trainer:
         set_lr(self.optimizer, lr)
         with autocast_context(cfg.autocast):
             loss, n_tokens = self.task.loss(self.model, batch)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(
+                f"the loss is {loss.item()} at step {s['step'] + 1}: training diverged (lower lr_factor / lr or "
+                f"raise warmup_steps); the weights were not updated and the last checkpoint is intact")
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.clip_grad_norm > 0:
@@ -147,6 +152,10 @@ class Trainer:
         self.out.mkdir(parents=True, exist_ok=True)
         self.model.train()
         self._clock = time.perf_counter()
+        if not self._budget_left() and s["last_eval"] is not None:  # a finished run, resumed
+            log.info("the run already finished at step %d (%.0f s); raise --steps or --minutes to train longer",
+                     s["step"], s["elapsed_s"])
+            return {**s["last_eval"], "best": s["best"], "best_step": s["best_step"]}
         window_t, window_tok, last_eval = time.perf_counter(), 0, s["step"]
         bar = tqdm(total=cfg.max_steps, initial=s["step"], unit="step", dynamic_ncols=True, leave=False,
                    mininterval=2.0)
@@ -189,7 +198,7 @@ class Trainer:
             bar.close()
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)
-        record = self._evaluate() if last_eval != s["step"] or self._last_record is None else self._last_record
+        record = self._evaluate() if last_eval != s["step"] or s["last_eval"] is None else s["last_eval"]
         self._save()
         if cfg.average_last:
             self._snapshot()
