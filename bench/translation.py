@@ -89,6 +89,7 @@ def main() -> None:
     greedy = evaluate_translation(out, "test", beam_size=1)
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     curve = [[r["elapsed_s"], r["val_bleu"]] for r in records if "val_bleu" in r and "averaged" not in r]
+    averaged = [r["val_bleu"] for r in records if "averaged" in r]
     flops_tok = flops_per_target_token(out)
     achieved = flops_tok * summary["tokens_per_s"] / 1e9
     result = {
@@ -96,6 +97,7 @@ def main() -> None:
         "parameters": summary["parameters"], "steps": summary["steps"],
         "test_bleu_beam4": beam["bleu"], "test_bleu_greedy": greedy["bleu"],
         "best_val_bleu_greedy": summary["best"], "val_bleu_curve_s": curve,
+        "val_bleu_greedy_averaged_last": averaged[-1] if averaged else None,
         "tgt_tokens_per_s": summary["tokens_per_s"], "train_gflops": round(achieved, 1),
         "machine": peaks, "threads": torch.get_num_threads(),
     }
@@ -112,6 +114,9 @@ def main() -> None:
         import matplotlib.pyplot as plt
         fig, ax = plt.subplots(figsize=(6, 4))
         ax.plot([c[0] / 60 for c in curve], [c[1] for c in curve], marker="o", label="validation BLEU (greedy)")
+        if averaged:
+            ax.plot([curve[-1][0] / 60], [averaged[-1]], marker="*", ms=12, ls="",
+                    label="validation BLEU, last checkpoints averaged")
         ax.axhline(beam["bleu"], ls="--", color="gray", label=f"test BLEU, beam 4: {beam['bleu']}")
         ax.set_xlabel("wall-clock minutes (2 CPU cores)")
         ax.set_ylabel("sacreBLEU")

@@ -208,7 +208,10 @@ def test_missing_file(tmp_path):
     (lambda d: d.pop("model"), "missing 'model'"),
     (lambda d: d["model"]["merges"].insert(0, "Ġ nope"), r"model.merges\[0\]"),
     (lambda d: d.update(pre_tokenizer={"type": "Whitespace"}), "pre_tokenizer"),
-    (lambda d: d["model"]["vocab"].pop("Ā"), "byte 0"),
+    (lambda d: d["model"].update(unk_token="<nope>"), "unk_token '<nope>'"),
+    (lambda d: d.update(pre_tokenizer={"type": "Sequence", "pretokenizers": [
+        {"type": "Digits", "individual_digits": False}, {"type": "ByteLevel"}]}),
+     "individual_digits"),
     (lambda d: d["model"]["vocab"].update({"€": 99999}), "byte-level alphabet"),
     (lambda d: d.update(normalizer={"type": "Lowercase"}), "normalizer"),
     (lambda d: d["added_tokens"].append({"content": 3}), r"added_tokens\[4\]"),
@@ -242,3 +245,22 @@ def test_vocab_strings_are_byte_level(tok_gpt2, tmp_path):
     for spelling, i in vocab.items():
         if spelling not in SPECIALS:
             assert tok_gpt2.decode([i]) == unicode_to_token(spelling).decode("utf-8", "replace")
+
+
+@pytest.mark.parametrize("unk, fuse, expected", [
+    (None, False, [300, 98]), (256, False, [97, 256, 256, 98, 98]), (256, True, [97, 256, 98, 98])])
+def test_vocab_missing_bytes_like_hf(tmp_path, unk, fuse, expected):
+    """A vocab lacking some bytes (SmolLM2 lacks 21): such a byte is dropped without an unk
+    token (so "a" and "b" around it still merge), else it becomes unk, as in HF's BPE model."""
+    token_bytes = {i: bytes([i]) for i in range(256) if i not in (ord("x"), 0xBF)}
+    token_bytes[300] = b"ab"
+    tok = ByteLevelBPE(token_bytes, [(ord("a"), ord("b"))], [("<unk>", 256, True)],
+                       unk_id=unk, fuse_unk=fuse)
+    assert tok.encode("axxbb") == expected
+    tok.save(tmp_path)
+    again = load_tokenizer(tmp_path)
+    texts = ["axxbb", "axb xx ÿÿ ¿x", STRESS, "<unk>x"]
+    assert [again.encode(t, "all") for t in texts] == [tok.encode(t, "all") for t in texts]
+    tokenizers = pytest.importorskip("tokenizers")
+    hf = tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    assert [hf.encode(t).ids for t in texts] == [tok.encode(t, "all") for t in texts]

@@ -1,13 +1,19 @@
-"""Tiny corpora and a helper shared by the tokenizer tests (the tokenizers train in < 1 s).
+"""Tiny corpora and helpers shared by the tokenizer tests (the tokenizers train in < 1 s).
 
 No __init__.py in this folder on purpose: a test package named `tokenizers` could shadow the
 Hugging Face `tokenizers` library on sys.path.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from attnlab.tokenizers import ByteLevelBPE
+from attnlab.tokenizers.gguf import CONTROL, NORMAL, USER_DEFINED
 
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<|a.b|>"]
+TEMPLATE = "{% for m in messages %}<bos>{{ m['content'] }}<eos>{% endfor %}"
 
 CORPUS = [
     "Two young, White males are outside near many bushes.",
@@ -36,3 +42,37 @@ STRESS = (
 def train(pattern: str = "gpt2", vocab_size: int = 600, **kw) -> ByteLevelBPE:
     return ByteLevelBPE.train(TEXTS, vocab_size, SPECIALS, pattern=pattern, **kw)
 
+
+
+def data_file(relative: str) -> Path | None:
+    """A real data file (e.g. "multi30k/train.de") on the data search path, or None."""
+    from attnlab.data.datasets import search_path
+    for root in search_path():
+        if (root / relative).is_file():
+            return root / relative
+    return None
+
+
+def write_gguf(path: Path, tok: ByteLevelBPE, pre: str, user: str) -> list[str]:
+    """Write `tok` as GGUF tokenizer metadata, plus one user-defined token (skip without gguf)."""
+    gguf = pytest.importorskip("gguf")
+    tokens = [tok.id_to_token(i) for i in range(tok.vocab_size)]
+    types = [CONTROL if t in SPECIALS else NORMAL for t in tokens]
+    tokens.append(user)  # a user-defined token (plain added token, raw text)
+    types.append(USER_DEFINED)
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(pre)
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges([f"{a} {b}" for a, b in tok.merges])
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_pad_token_id(0)
+    writer.add_add_bos_token(True)
+    writer.add_chat_template(TEMPLATE)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return tokens

@@ -37,14 +37,19 @@ class ByteLevelBPE:
         pattern: "gpt2" | "gpt4", or "custom" together with `pattern_regex`.
         ignore_merges: HF option: a pre-token that is itself in the vocab maps straight to its id.
         normalizer: None or a unicodedata form ("NFC", "NFD", "NFKC", "NFKD") for ordinary text.
+        unk_id, fuse_unk: only for vocabularies lacking some single bytes (SmolLM2 lacks 21 that
+            its training text never held): as HF's BPE model, such a byte is dropped when
+            `unk_id` is None, else becomes `unk_id` (consecutive ones fused into one with
+            `fuse_unk`). Tokenizers trained here hold all 256 bytes, so never meet this.
     Raises:
-        ValueError: inconsistent tables (missing byte, unknown merge result, duplicates, ...).
+        ValueError: inconsistent tables (unknown merge result, duplicates, bad unk_id, ...).
     """
 
     def __init__(self, token_bytes: Mapping[int, bytes], merges: Sequence[tuple[int, int]],
                  added_tokens: Sequence[tuple[str, int, bool]] = (), pattern: str = "gpt2",
                  pattern_regex: str | None = None, ignore_merges: bool = False,
-                 normalizer: str | None = None):
+                 normalizer: str | None = None, unk_id: int | None = None,
+                 fuse_unk: bool = False):
         self._pattern = pattern
         self._regex = pattern_regex if pattern_regex is not None else resolve_pattern(pattern)
         self._compiled = compile_pattern(self._regex)
@@ -55,10 +60,9 @@ class ByteLevelBPE:
         self._bytes_to_id = {b: i for i, b in self._token_bytes.items()}
         if len(self._bytes_to_id) != len(self._token_bytes):
             raise ValueError("token_bytes holds two ids with the same bytes")
-        missing = [b for b in range(256) if bytes([b]) not in self._bytes_to_id]
-        if missing:
-            raise ValueError(f"token_bytes lacks single-byte tokens, e.g. byte {missing[0]}")
-        self._byte_ids = [self._bytes_to_id[bytes([b])] for b in range(256)]
+        self._byte_ids = [self._bytes_to_id.get(bytes([b])) for b in range(256)]
+        self._all_bytes = None not in self._byte_ids
+        self._unk_id, self._fuse_unk = unk_id, bool(fuse_unk)
         self._merges = [(int(a), int(b)) for a, b in merges]
         self._ranks: dict[tuple[int, int], tuple[int, int]] = {}
         for rank, (a, b) in enumerate(self._merges):
@@ -75,6 +79,9 @@ class ByteLevelBPE:
         for content, i in self._added.items():
             if i in self._token_bytes and self._token_bytes[i] != content.encode("utf-8"):
                 raise ValueError(f"added token {content!r} reuses id {i} of another token")
+        if unk_id is not None and unk_id not in self._token_bytes \
+                and unk_id not in self._added.values():
+            raise ValueError(f"unk_id {unk_id} is not a token id")
         self._build_tables()
 
     def _build_tables(self) -> None:
@@ -203,7 +210,19 @@ class ByteLevelBPE:
         if self._ignore_merges and data in self._bytes_to_id:
             return [self._bytes_to_id[data]]
         byte_ids = self._byte_ids
-        return apply_merges([byte_ids[b] for b in data], self._ranks)
+        if self._all_bytes:
+            return apply_merges([byte_ids[b] for b in data], self._ranks)
+        ids: list[int] = []
+        after_unk = False
+        for b in data:  # a byte without a token: dropped, or unk (HF BPE `unk_token`)
+            i = byte_ids[b]
+            if i is not None:
+                ids.append(i)
+                after_unk = False
+            elif self._unk_id is not None and not (self._fuse_unk and after_unk):
+                ids.append(self._unk_id)
+                after_unk = True
+        return apply_merges(ids, self._ranks)
 
     # ----------------------------------------------------------------------------- decoding
     def decode(self, ids: Sequence[int], skip_special: bool = False) -> str:
@@ -297,7 +316,7 @@ class ByteLevelBPE:
         """
         data = hf.to_tokenizer_json(
             self._token_bytes, self._merges, self._added, self._special_ids, self._pattern,
-            self._regex, self._ignore_merges, self._normalizer)
+            self._regex, self._ignore_merges, self._normalizer, self._unk_id, self._fuse_unk)
         hf.write_json_atomic(path, data)
 
     @classmethod

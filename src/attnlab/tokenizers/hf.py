@@ -3,12 +3,16 @@
 Format: the serialization of the Rust `tokenizers` library (version "1.0"): model type "BPE" with
 a vocab of byte-level strings (see pretokenize.bytes_to_unicode) and a merge list; added_tokens;
 pre_tokenizer `ByteLevel(use_regex=true)` (the GPT-2 regex) or `Sequence[Split(Regex, "Isolated"),
-ByteLevel(use_regex=false)]` (LLaMA-3 / Qwen style, any regex); decoder `ByteLevel`.
+ByteLevel(use_regex=false)]` (LLaMA-3 / Qwen style, any regex); decoder `ByteLevel`. On import
+also `Sequence[Digits(individual_digits=true), ByteLevel(use_regex=true)]` (StarCoder / SmolLM2),
+read as one regex (pretokenize.DIGITS_GPT2_PATTERN) and written back as Split + ByteLevel.
 Sources: Radford et al. 2019 (byte-level BPE); Sennrich et al. 2016 (BPE merges).
 
 Supported on import: normalizer null or NFC/NFD/NFKC/NFKD; `ignore_merges`; merges written as
-"a b" strings or [a, b] lists. Ignored on import: post_processor (e.g. BOS templates), decoder,
-dropout, truncation, padding, added-token lstrip/rstrip/single_word flags.
+"a b" strings or [a, b] lists; a vocab lacking some single bytes, with `unk_token` / `fuse_unk`
+(such bytes are dropped, or become the unk token, as in HF). Ignored on import: post_processor
+(e.g. BOS templates), decoder, dropout, truncation, padding, added-token lstrip/rstrip/single_word
+flags.
 """
 from __future__ import annotations
 
@@ -20,7 +24,8 @@ from typing import Any
 
 import regex
 
-from .pretokenize import GPT2_PATTERN, pattern_name, token_to_unicode, unicode_to_token
+from .pretokenize import DIGITS_GPT2_PATTERN, GPT2_PATTERN, pattern_name, token_to_unicode
+from .pretokenize import unicode_to_token
 
 NAME = "tokenizer.json"
 
@@ -72,7 +77,8 @@ def write_json_atomic(path, data: dict[str, Any]) -> None:
 
 def to_tokenizer_json(token_bytes: dict[int, bytes], merges: list[tuple[int, int]],
                       added: dict[str, int], special_ids: set[int], pattern: str, regex: str,
-                      ignore_merges: bool, normalizer: str | None) -> dict[str, Any]:
+                      ignore_merges: bool, normalizer: str | None, unk_id: int | None = None,
+                      fuse_unk: bool = False) -> dict[str, Any]:
     """Build the `tokenizer.json` object for a byte-level BPE tokenizer.
 
     Raises:
@@ -87,6 +93,7 @@ def to_tokenizer_json(token_bytes: dict[int, bytes], merges: list[tuple[int, int
             raise ValueError(f"added token {content!r} (id {i}) collides with vocab token "
                              f"id {vocab[content]} of the same spelling")
     spell = {i: token_to_unicode(b) for i, b in token_bytes.items()}
+    names = {**spell, **{i: c for c, i in added.items()}}
     if pattern == "gpt2" and regex == GPT2_PATTERN:
         pre = _byte_level(use_regex=True)
     else:
@@ -106,8 +113,9 @@ def to_tokenizer_json(token_bytes: dict[int, bytes], merges: list[tuple[int, int
         "post_processor": None,
         "decoder": _byte_level(use_regex=True),
         "model": {
-            "type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-            "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+            "type": "BPE", "dropout": None, "unk_token": None if unk_id is None else names[unk_id],
+            "continuing_subword_prefix": None, "end_of_word_suffix": None,
+            "fuse_unk": bool(fuse_unk), "byte_fallback": False,
             "ignore_merges": ignore_merges, "vocab": vocab,
             "merges": [f"{spell[a]} {spell[b]}" for a, b in merges],
         },
@@ -160,7 +168,12 @@ def from_tokenizer_json(data: dict[str, Any], where: str = NAME) -> dict[str, An
                              "vocab tokens")
         pairs.append((ids[parts[0]], ids[parts[1]]))
     source = _parse_pre_tokenizer(data.get("pre_tokenizer"), where)
+    unk = model.get("unk_token")
+    unk_id = {**ids, **{c: i for c, i, _ in added}}.get(unk) if unk is not None else None
+    if unk is not None and unk_id is None:
+        raise ValueError(f"{where}: model.unk_token {unk!r} is not in the vocab")
     return {"token_bytes": token_bytes, "merges": pairs, "added_tokens": added,
+            "unk_id": unk_id, "fuse_unk": bool(model.get("fuse_unk", False)),
             "pattern": pattern_name(source), "pattern_regex": source,
             "ignore_merges": bool(model.get("ignore_merges", False)),
             "normalizer": _parse_normalizer(data.get("normalizer"), where)}
@@ -194,6 +207,12 @@ def _parse_pre_tokenizer(pre: Any, where: str) -> str:
         return GPT2_PATTERN
     if kind == "Sequence" and len(pre.get("pretokenizers") or []) == 2:
         split, byte_level = pre["pretokenizers"]
+        if isinstance(split, dict) and split.get("type") == "Digits" \
+                and isinstance(byte_level, dict) and byte_level.get("type") == "ByteLevel":
+            if not split.get("individual_digits", False):
+                raise ValueError(f"{where}: pre_tokenizer Digits needs individual_digits true")
+            _check_byte_level(byte_level, where, use_regex=True)
+            return DIGITS_GPT2_PATTERN  # StarCoder / SmolLM style
         if isinstance(split, dict) and split.get("type") == "Split" \
                 and isinstance(byte_level, dict) and byte_level.get("type") == "ByteLevel":
             _check_byte_level(byte_level, where, use_regex=False)

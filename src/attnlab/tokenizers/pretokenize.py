@@ -34,6 +34,13 @@ GPT4_PATTERN = (
     r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
 PATTERNS: dict[str, str] = {"gpt2": GPT2_PATTERN, "gpt4": GPT4_PATTERN}
+# StarCoder / SmolLM: HF `Sequence[Digits(individual_digits=true), ByteLevel(use_regex=true)]`,
+# i.e. every \p{N} character alone, then the GPT-2 regex on each stretch between digits. One regex
+# does both: a lone \p{N} first; " ?\p{N}+" dropped (a space never joins a digit); and a
+# whitespace run may also end before a digit, the end of its stretch ((?!\S) -> (?![^\s\p{N}])).
+DIGITS_GPT2_PATTERN = (
+    r"""\p{N}|'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?[^\s\p{L}\p{N}]+|\s+(?![^\s\p{N}])|\s+"""
+)
 
 
 def resolve_pattern(name: str) -> str:
