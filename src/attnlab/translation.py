@@ -11,7 +11,8 @@ from attnlab.config import Seq2SeqConfig, TrainConfig, TranslationDataConfig
 from attnlab.data.translation import ParallelCorpus, read_parallel
 from attnlab.models.seq2seq import Seq2SeqTransformer
 from attnlab.tokenizers import ByteLevelBPE
-from attnlab.train.checkpoint import load_weights, read_json, write_json_atomic
+from attnlab.jsonfile import read_json, write_json_atomic
+from attnlab.train.checkpoint import load_weights
 from attnlab.train.loop import CHECKPOINT_DIR, Trainer
 from attnlab.train.translation_task import TranslationTask, corpus_bleu, decode_corpus
 

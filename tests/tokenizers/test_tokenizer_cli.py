@@ -127,11 +127,20 @@ def test_viz_steps_are_recounted_maxima(words, n):
     (["encode", "--tokenizer", "{tmp}/not.gguf", "x"], "not.gguf: not a valid GGUF"),
 ])
 def test_errors_exit_2(tmp_path, capsys, argv, message):
+    if "GGUF" in message:
+        pytest.importorskip("gguf")
     (tmp_path / "latin1.txt").write_bytes("abc\ndéf".encode("latin-1") + b" ok")
     (tmp_path / "ok.txt").write_text("hello", encoding="utf-8")
     (tmp_path / "not.gguf").write_bytes(b"GGUF?")
     code, stdout, err = _run(capsys, *[a.format(tmp=tmp_path) for a in argv])
     assert code == 2 and stdout == "" and message in err and err.count("\n") == 1
+
+
+def test_gguf_without_gguf_package_exits_2(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "gguf", None)  # as if not installed
+    (tmp_path / "t.gguf").write_bytes(b"GGUF")
+    code, _, err = _run(capsys, "encode", "--tokenizer", tmp_path / "t.gguf", "x")
+    assert code == 2 and "needs the `gguf` package" in err and err.count("\n") == 1
 
 
 @pytest.mark.parametrize("stdin, message", [

@@ -66,10 +66,17 @@ def add_tokenizer_parser(subparsers) -> None:
 
 
 def load_any(path) -> ByteLevelBPE:
-    """A tokenizer from `tokenizer.json`, a directory holding one, or a `.gguf` file."""
+    """A tokenizer from `tokenizer.json`, a directory holding one, or a `.gguf` file.
+
+    Raises:
+        FileNotFoundError: no such file. ValueError: malformed file, or `gguf` not installed.
+    """
     if str(path).lower().endswith(".gguf"):
         from .gguf import read_gguf_tokenizer
-        return read_gguf_tokenizer(path).tokenizer
+        try:
+            return read_gguf_tokenizer(path).tokenizer
+        except ImportError as err:  # the optional `gguf` package: a one-line reason, exit 2
+            raise ValueError(str(err)) from None
     return load_tokenizer(path)
 
 

@@ -16,13 +16,12 @@ flags.
 """
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import regex
+
+from attnlab import jsonfile
 
 from .pretokenize import DIGITS_GPT2_PATTERN, GPT2_PATTERN, pattern_name, token_to_unicode
 from .pretokenize import unicode_to_token
@@ -41,7 +40,7 @@ def resolve_path(path) -> Path:
 
 
 def read_json(path) -> dict[str, Any]:
-    """Read a `tokenizer.json` (or `<dir>/tokenizer.json`).
+    """The JSON object of a tokenizer file (`path` or `path/tokenizer.json`).
 
     Raises:
         FileNotFoundError: the file does not exist (names the path).
@@ -50,29 +49,12 @@ def read_json(path) -> dict[str, Any]:
     path = _resolve(path)
     if not path.is_file():
         raise FileNotFoundError(f"tokenizer file not found: {path}")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path}: not valid JSON ({err})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a JSON object at the top level")
-    return data
+    return jsonfile.read_json(path)
 
 
 def write_json_atomic(path, data: dict[str, Any]) -> None:
-    """Write JSON to `path` (or `<dir>/tokenizer.json`) via a temp file and os.replace."""
-    path = _resolve(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, ensure_ascii=False, indent=2)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Write JSON to `path` (or `<dir>/tokenizer.json`) atomically."""
+    jsonfile.write_json_atomic(_resolve(path), data)
 
 
 def to_tokenizer_json(token_bytes: dict[int, bytes], merges: list[tuple[int, int]],

@@ -18,31 +18,6 @@ def _replace(tmp: str, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def write_json_atomic(path: Path, obj) -> None:
-    """Write JSON to `path` through a temporary file in the same folder and os.replace."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2, ensure_ascii=False)
-    _replace(tmp, path)
-
-
-def read_json(path: Path) -> dict:
-    """A JSON object from `path`.
-
-    Raises:
-        FileNotFoundError: naming the path. ValueError: naming the file when it is not a JSON object.
-    """
-    path = Path(path)
-    try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} is not valid JSON ({e})") from None
-    if not isinstance(obj, dict):
-        raise ValueError(f"{path} must hold a JSON object, found {type(obj).__name__}")
-    return obj
-
-
 def save_weights(model: torch.nn.Module, path: Path) -> None:
     """Save a model's parameters (tied ones once) to safetensors, atomically."""
     path = Path(path)
