@@ -18,16 +18,13 @@ import sys
 from pathlib import Path
 
 import torch
+from _common import SHARED, machine_peaks
 
 from attnlab.config import Seq2SeqConfig
 from attnlab.data.translation import ParallelCorpus, read_parallel, token_batches
 from attnlab.recipes import get_recipe
 from attnlab.tokenizers import ByteLevelBPE
 from attnlab.translation import evaluate_translation, train_translation
-
-ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared"
-
 
 def forward_flops(cfg: Seq2SeqConfig, b: int, s: int, t: int, n_labels: int) -> float:
     """Matmul FLOPs of one teacher-forced forward pass on a (B, S) source and (B, T) target batch,
@@ -53,14 +50,6 @@ def flops_per_target_token(run: Path) -> float:
         t = max(len(corpus.tgt[i]) + 1 for i in batch)
         total += 3 * forward_flops(cfg, len(batch), s, t, sum(len(corpus.tgt[i]) + 1 for i in batch))
     return total / corpus.target_tokens()
-
-
-def machine_peaks() -> dict:
-    tool = SHARED / "tools" / "machine_peaks.py"
-    if not tool.is_file():
-        return {}
-    out = subprocess.run([sys.executable, str(tool)], capture_output=True, text=True, check=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
 
 
 def run_peer(minutes: float) -> dict:

@@ -12,6 +12,7 @@ import sys
 
 
 def _cmd_train(args) -> None:
+    from attnlab.lm import train_lm
     from attnlab.recipes import get_recipe
     from attnlab.translation import train_translation
 
@@ -27,7 +28,8 @@ def _cmd_train(args) -> None:
     recipe = recipe.with_overrides(list(args.set) + budget)
     out = args.out or f"runs/{recipe.name}"
     try:
-        result = train_translation(recipe, out, resume=args.resume)
+        train = train_lm if recipe.kind == "language-model" else train_translation
+        result = train(recipe, out, resume=args.resume)
     except KeyboardInterrupt:
         print(f"attnlab: interrupted; continue with: attnlab train --recipe {recipe.name} --out {out} --resume",
               file=sys.stderr)
@@ -36,9 +38,66 @@ def _cmd_train(args) -> None:
 
 
 def _cmd_evaluate(args) -> None:
-    from attnlab.translation import evaluate_translation
+    from pathlib import Path
 
+    from attnlab.runs import model_type
+
+    if model_type(Path(args.model)) == "gpt":
+        from attnlab.lm import evaluate_lm
+        print(json.dumps(evaluate_lm(args.model, args.split, args.limit)))
+        return
+    from attnlab.translation import evaluate_translation
     print(json.dumps(evaluate_translation(args.model, args.split, args.limit, args.beam)))
+
+
+def _cmd_generate(args) -> None:
+    from attnlab.generate import check_context, generate
+    from attnlab.lm import load_lm
+    from attnlab.sampling import check_sampling
+
+    prompts = [_check_text(p, f"--prompt {i + 1}") for i, p in enumerate(args.prompt)]
+    if any(p == "" for p in prompts):
+        raise ValueError("--prompt is empty; give some text to continue")
+    check_sampling(args.temperature, args.top_k, args.top_p)
+    model, tokenizer, _ = load_lm(args.model)
+    ids = [tokenizer.encode(p) for p in prompts]
+    for p, i in zip(prompts, ids):
+        if not i:
+            raise ValueError(f"--prompt {p!r} has no character the model's tokenizer knows")
+    max_new = args.max_new_tokens
+    if max_new is None:  # as many as the context allows, up to 200
+        unbounded = model.cfg.sliding_window is not None and model.cfg.positions == "rope"
+        max_new = 200 if unbounded else max(1, min(200, model.cfg.max_seq_len - max(map(len, ids))))
+    check_context(model, max(map(len, ids)), max_new)  # before any output
+    kwargs = dict(max_new_tokens=max_new, temperature=args.temperature, top_k=args.top_k,
+                  top_p=args.top_p, seed=args.seed, use_cache=not args.no_cache)
+    if len(prompts) == 1:  # stream the text as it is generated
+        stream = _TextStream(tokenizer)
+        sys.stdout.write(prompts[0])
+        generate(model, ids, on_token=lambda row, token: stream.add(token), **kwargs)
+        stream.flush()
+        return
+    for prompt, new in zip(prompts, generate(model, ids, **kwargs)):
+        print(json.dumps({"prompt": prompt, "completion": tokenizer.decode(new)}), flush=True)
+
+
+class _TextStream:
+    """Writes generated text to stdout as tokens arrive, holding back a cut multi-byte character."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.ids, self.written = tokenizer, [], 0
+
+    def add(self, token: int) -> None:
+        self.ids.append(token)
+        text = self.tokenizer.decode(self.ids)
+        if not text.endswith("\ufffd"):
+            sys.stdout.write(text[self.written:])
+            sys.stdout.flush()
+            self.written = len(text)
+
+    def flush(self) -> None:
+        sys.stdout.write(self.tokenizer.decode(self.ids)[self.written:] + "\n")
+        sys.stdout.flush()
 
 
 def _cmd_translate(args) -> None:
@@ -87,6 +146,20 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _nonnegative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _probability(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
+    return value
+
+
 def _beam(text: str) -> int:
     value = int(text)
     if not 1 <= value <= 64:
@@ -106,7 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train a recipe into a run directory")
-    t.add_argument("--recipe", required=True, help="recipe name, e.g. multi30k-en-de")
+    t.add_argument("--recipe", required=True, help="recipe name: multi30k-en-de, shakespeare-char, "
+                   "shakespeare-char-llama, shakespeare-bpe")
     t.add_argument("--minutes", type=_positive_float, help="wall-clock budget (total, across resumes)")
     t.add_argument("--steps", type=_positive_int, help="optimizer-step budget (total, across resumes)")
     t.add_argument("--out", help="run directory (default runs/RECIPE)")
@@ -115,11 +189,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override a model/data/train setting, e.g. --set d_model=512")
     t.set_defaults(func=_cmd_train)
 
-    e = sub.add_parser("evaluate", help="sacreBLEU of a trained model; one JSON line on stdout")
+    e = sub.add_parser("evaluate", help="score a trained model (sacreBLEU for translation, validation loss and "
+                       "perplexity for language models); one JSON line on stdout")
     e.add_argument("--model", required=True, help="trained model directory")
-    e.add_argument("--split", default="test", help="train | val | test (default test = test_2016_flickr)")
-    e.add_argument("--limit", type=_positive_int, help="only the first N sentences")
-    e.add_argument("--beam", type=_beam, default=4, help="beam size 1..64 (1 = greedy; default 4)")
+    e.add_argument("--split", default="test", help="train | val | test (translation: test = test_2016_flickr; "
+                   "language models: test = val, the held-out 10%%)")
+    e.add_argument("--limit", type=_positive_int, help="only the first N sentences (translation) or tokens (LM)")
+    e.add_argument("--beam", type=_beam, default=4, help="translation beam size 1..64 (1 = greedy; default 4)")
     e.set_defaults(func=_cmd_evaluate)
 
     tr = sub.add_parser("translate", help="translate TEXT arguments, or stdin lines; one line out each "
@@ -128,6 +204,18 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--beam", type=_beam, default=4, help="beam size 1..64 (1 = greedy; default 4)")
     tr.add_argument("text", nargs="*", help="sentences to translate (default: read stdin)")
     tr.set_defaults(func=_cmd_translate)
+    g = sub.add_parser("generate", help="continue a prompt with a trained language model (streamed to stdout)")
+    g.add_argument("--model", required=True, help="trained language-model directory")
+    g.add_argument("--prompt", required=True, action="append", help="text to continue; repeat for a batch "
+                   "(then one JSON line per prompt)")
+    g.add_argument("--max-new-tokens", type=_positive_int, help="tokens to generate (default: up to 200, within "
+                   "the model's max_seq_len)")
+    g.add_argument("--temperature", type=_nonnegative_float, default=0.8, help="0 = greedy (default 0.8)")
+    g.add_argument("--top-k", type=_positive_int, help="sample among the K most probable tokens")
+    g.add_argument("--top-p", type=_probability, help="sample from the smallest set holding probability P")
+    g.add_argument("--seed", type=int, help="seed for reproducible sampling")
+    g.add_argument("--no-cache", action="store_true", help="recompute every position at each step (no KV cache)")
+    g.set_defaults(func=_cmd_generate)
     from attnlab.tokenizers.cli import add_tokenizer_parser
     add_tokenizer_parser(sub)
     return p

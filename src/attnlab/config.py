@@ -90,6 +90,132 @@ class Seq2SeqConfig(_Config):
         return self.d_model // self.n_heads
 
 
+def _swiglu_d_ff(d_model: int) -> int:
+    """LLaMA's FFN size: 8/3 · D (the parameters of a 4·D two-matrix FFN), rounded up to a multiple of 32."""
+    return -(-8 * d_model // 3 // 32) * 32
+
+
+@dataclass
+class GPTConfig(_Config):
+    """A decoder-only Transformer with every switch of the GPT → LLaMA/Mistral/Mixtral line.
+
+    Defaults are GPT-2 style; `from_name` applies a preset ("gpt2", "llama", "mistral", "mixtral").
+    """
+
+    vocab_size: int = 50304           # tokens (set from the tokenizer)
+    d_model: int = 768                # model width D
+    n_layers: int = 12                # decoder blocks
+    n_heads: int = 12                 # query heads H; d_model % n_heads == 0
+    n_kv_heads: Optional[int] = None  # key/value heads K (None = H: MHA; 1: MQA; else GQA); H % K == 0
+    d_ff: Optional[int] = None        # FFN (or each expert's) hidden size; None = 4·D, or 8/3·D for SwiGLU
+    max_seq_len: int = 1024           # context length; learned/sinusoidal tables have this many rows
+    positions: Literal["learned", "sinusoidal", "rope"] = "learned"  # absolute (GPT) or rotary (LLaMA)
+    rope_theta: float = 10000.0       # RoPE base θ
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"  # LayerNorm (GPT) or RMSNorm (LLaMA)
+    norm_position: Literal["pre", "post"] = "pre"       # Pre-LN (GPT-2 on) or Post-LN (the 2017 paper)
+    norm_eps: float = 1e-5            # ε of every norm
+    activation: Literal["relu", "gelu", "swiglu"] = "gelu"  # FFN non-linearity
+    sliding_window: Optional[int] = None  # attend to the W most recent positions only (Mistral); None = all
+    n_experts: int = 0                # mixture of experts per block: 0 = dense FFN, else E experts
+    moe_top_k: int = 2                # experts per token (1 <= moe_top_k <= n_experts)
+    router_aux_loss_coef: float = 0.01  # weight of the load-balancing loss added to the training loss
+    tie_embeddings: bool = True       # output projection shares the token embedding matrix
+    bias: bool = True                 # biases on linear layers and LayerNorm
+    dropout: float = 0.0              # on embeddings and sublayer outputs
+    attention_dropout: float = 0.0    # on attention weights
+    attention_impl: Literal["sdpa", "math"] = "sdpa"  # fused kernel (FlashAttention path) or explicit math
+    bos_id: Optional[int] = None      # special token ids, from the tokenizer (None = it has none)
+    eos_id: Optional[int] = None      # generation stops at this token by default
+
+    def __post_init__(self):
+        if self.n_kv_heads is None:
+            self.n_kv_heads = self.n_heads
+        if self.d_ff is None:
+            self.d_ff = _swiglu_d_ff(self.d_model) if self.activation == "swiglu" else 4 * self.d_model
+        _check_literals(self)
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_seq_len"):
+            value = getattr(self, name)
+            _check(isinstance(value, int) and value > 0, name, "a positive integer", value)
+        _check(self.d_model % self.n_heads == 0, "d_model", f"divisible by n_heads={self.n_heads}", self.d_model)
+        _check(self.n_heads % self.n_kv_heads == 0, "n_kv_heads", f"a divisor of n_heads={self.n_heads}",
+               self.n_kv_heads)
+        if self.positions == "rope":
+            _check(self.head_dim % 2 == 0, "d_model / n_heads", "even for RoPE (head dim)", self.head_dim)
+            _check(self.rope_theta > 0, "rope_theta", "> 0", self.rope_theta)
+        if self.positions == "sinusoidal":
+            _check(self.d_model % 2 == 0, "d_model", "even for sinusoidal positions", self.d_model)
+        _check(self.sliding_window is None or self.sliding_window >= 1, "sliding_window", ">= 1 or None",
+               self.sliding_window)
+        _check(self.n_experts >= 0, "n_experts", ">= 0 (0 = dense FFN)", self.n_experts)
+        if self.n_experts:
+            _check(1 <= self.moe_top_k <= self.n_experts, "moe_top_k", f"in 1..n_experts={self.n_experts}",
+                   self.moe_top_k)
+        _check(self.router_aux_loss_coef >= 0, "router_aux_loss_coef", ">= 0", self.router_aux_loss_coef)
+        _check(self.norm_eps > 0, "norm_eps", "> 0", self.norm_eps)
+        for name in ("dropout", "attention_dropout"):
+            _check(0.0 <= getattr(self, name) < 1.0, name, "in [0, 1)", getattr(self, name))
+        for name in ("bos_id", "eos_id"):
+            value = getattr(self, name)
+            _check(value is None or 0 <= value < self.vocab_size, name, f"None or in [0, vocab_size={self.vocab_size})",
+                   value)
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @classmethod
+    def from_name(cls, name: str, **overrides) -> "GPTConfig":
+        """A preset style with `overrides` on top (sizes, or any field).
+
+        "gpt2": learned positions, LayerNorm, GELU, biases (Radford et al. 2019).
+        "llama": RoPE, RMSNorm, SwiGLU, no biases, grouped-query attention with two query heads per
+            KV head unless n_kv_heads is given (Touvron et al. 2023; Ainslie et al. 2023).
+        "mistral": llama + a sliding window of max_seq_len / 2 unless given (Jiang et al. 2023).
+        "mixtral": mistral + 8 experts, 2 per token (Jiang et al. 2024).
+        Raises:
+            ValueError: for an unknown name (listing the presets) or an invalid field.
+        """
+        if name not in GPT_PRESETS:
+            raise ValueError(f"unknown GPT preset {name!r}; known presets: {', '.join(GPT_PRESETS)}")
+        fields_ = {**GPT_PRESETS[name], **overrides}
+        if name != "gpt2" and "n_kv_heads" not in overrides:
+            heads = fields_.get("n_heads", cls.n_heads)
+            fields_["n_kv_heads"] = heads // 2 if heads % 2 == 0 else heads
+        if name in ("mistral", "mixtral") and "sliding_window" not in overrides:
+            fields_["sliding_window"] = max(1, fields_.get("max_seq_len", cls.max_seq_len) // 2)
+        return cls(**fields_)
+
+
+_LLAMA = dict(positions="rope", norm="rmsnorm", activation="swiglu", bias=False, norm_eps=1e-6)
+GPT_PRESETS: dict[str, dict] = {
+    "gpt2": dict(positions="learned", norm="layernorm", activation="gelu", bias=True),
+    "llama": _LLAMA,
+    "mistral": _LLAMA,
+    "mixtral": {**_LLAMA, "n_experts": 8, "moe_top_k": 2},
+}
+
+
+@dataclass
+class TextDataConfig(_Config):
+    """The text a language-model recipe trains on, its tokenizer and its batches."""
+
+    dataset: Literal["tinyshakespeare"] = "tinyshakespeare"  # data set name (data/datasets.py)
+    tokenizer: Literal["char", "bpe"] = "char"  # one token per character (byte), or our byte-level BPE
+    tokenizer_vocab_size: int = 1024  # BPE vocabulary size (tokenizer "bpe" only)
+    train_fraction: float = 0.9       # the first 90% of the text trains, the rest validates (nanoGPT)
+    block_size: int = 64              # tokens per training sequence (<= the model's max_seq_len)
+    batch_size: int = 12              # sequences per micro-batch, at random offsets
+    eval_tokens: Optional[int] = None  # validation tokens scored per evaluation (None = the whole split)
+
+    def __post_init__(self):
+        _check_literals(self)
+        _check(0.0 < self.train_fraction < 1.0, "train_fraction", "in (0, 1)", self.train_fraction)
+        _check(self.tokenizer_vocab_size >= 256, "tokenizer_vocab_size", ">= 256", self.tokenizer_vocab_size)
+        for name in ("block_size", "batch_size"):
+            _check(getattr(self, name) >= 1, name, ">= 1", getattr(self, name))
+        _check(self.eval_tokens is None or self.eval_tokens >= 1, "eval_tokens", "None or >= 1", self.eval_tokens)
+
+
 @dataclass
 class TranslationDataConfig(_Config):
     """Which parallel data a translation recipe trains on and how it is tokenized."""
@@ -115,10 +241,14 @@ class TrainConfig(_Config):
     """Optimisation, schedule, budget and evaluation of one training run."""
 
     batch_tokens: int = 4000          # target tokens per batch (length-bucketed batches)
-    lr_schedule: Literal["noam", "constant"] = "noam"  # noam: the paper's warm-up + inverse sqrt decay
+    lr_schedule: Literal["noam", "cosine", "constant"] = "noam"  # noam: the paper's warm-up + inverse
+                                      # sqrt decay; cosine: warm-up, then cosine decay from lr to min_lr
     lr_factor: float = 1.0            # noam: lr = factor · d_model^-0.5 · min(step^-0.5, step·warmup^-1.5)
-    lr: float = 5e-4                  # constant schedule's learning rate
+    lr: float = 5e-4                  # peak learning rate of the cosine and constant schedules
+    min_lr: float = 0.0               # cosine: the learning rate at lr_decay_steps and after
+    lr_decay_steps: Optional[int] = None  # cosine: the step where the decay ends (None = max_steps)
     warmup_steps: int = 4000          # linear warm-up steps (paper: 4000)
+    grad_accum_steps: int = 1         # micro-batches whose gradients add up to one optimizer step
     beta1: float = 0.9                # Adam β1 (paper §5.3)
     beta2: float = 0.98               # Adam β2
     eps: float = 1e-9                 # Adam ε
@@ -149,6 +279,10 @@ class TrainConfig(_Config):
         for name in ("eps", "lr", "lr_factor"):
             _check(getattr(self, name) > 0, name, "> 0", getattr(self, name))
         _check(self.weight_decay >= 0, "weight_decay", ">= 0", self.weight_decay)
+        _check(0 <= self.min_lr <= self.lr, "min_lr", f"in [0, lr={self.lr}]", self.min_lr)
+        _check(self.grad_accum_steps >= 1, "grad_accum_steps", ">= 1", self.grad_accum_steps)
+        _check(self.lr_decay_steps is None or self.lr_decay_steps > self.warmup_steps, "lr_decay_steps",
+               f"None or > warmup_steps={self.warmup_steps}", self.lr_decay_steps)
         _check(self.length_penalty >= 0, "length_penalty", ">= 0", self.length_penalty)
         _check(self.beam_size <= 64, "beam_size", "in 1..64", self.beam_size)
         _check(self.max_steps is None or self.max_steps > 0, "max_steps", "> 0 or None", self.max_steps)

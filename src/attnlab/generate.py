@@ -1,8 +1,10 @@
-"""Autoregressive inference for the encoder–decoder: batched greedy decoding and beam search.
+"""Autoregressive inference: greedy decoding and beam search for the encoder–decoder, and KV-cache
+generation with sampling for decoder-only models (generate).
 
-Both encode each source once and decode incrementally with a KV cache (DecodeState); positions are
-owned here (the state's length is the position of the next token).
-Shape legend: B sentences, K beam size, S source length, V vocabulary.
+The encoder–decoder decoders encode each source once and decode incrementally with a KV cache
+(DecodeState). Positions are owned here: the state's length is the position of the next token, and
+generate() passes position_ids and the padding mask to the model.
+Shape legend: B sentences, K beam size, S source length, P prompt length, V vocabulary.
 """
 from __future__ import annotations
 
@@ -150,3 +152,101 @@ def beam_search(model: Seq2SeqTransformer, src: torch.Tensor, beam_size: int = 4
                     finished[i].append((scores[i, j].item() / length_penalty(hyps.size(1), alpha),
                                         hyps[i * k + j].tolist()))
     return [_strip(max(f, key=lambda x: x[0])[1], cfg.eos_id, cfg.pad_id) if f else [] for f in finished]
+
+
+# ----------------------------------------------------------------------------- decoder-only models
+def _left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, P) left-padded ids and (B, P) bool attention mask (True = real token)."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long, device=device)
+    mask = torch.zeros(len(prompts), width, dtype=torch.bool, device=device)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+        mask[i, width - len(p):] = True
+    return ids, mask
+
+
+def check_context(model, prompt_len: int, max_new_tokens: int) -> None:
+    """Raise ValueError when prompt + new tokens exceed max_seq_len, unless the model has a sliding
+    window and rotary positions (then the KV cache rolls and the context is unbounded)."""
+    cfg = model.cfg
+    if cfg.sliding_window is not None and cfg.positions == "rope":
+        return
+    if prompt_len + max_new_tokens > cfg.max_seq_len:
+        raise ValueError(f"the prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) exceed the model's "
+                         f"max_seq_len={cfg.max_seq_len}; shorten the prompt or lower max_new_tokens")
+
+
+@torch.no_grad()
+def generate(model, prompts: list[list[int]], max_new_tokens: int = 128, temperature: float = 0.0,
+             top_k: int | None = None, top_p: float | None = None, stop_tokens: list[int] | None = None,
+             seed: int | None = None, use_cache: bool = True, on_token=None) -> list[list[int]]:
+    """Autoregressive generation for a decoder-only model (models.gpt.GPT), batched.
+
+    Prompts of different lengths are left-padded; positions count real tokens only, and padding is
+    masked out of attention. With use_cache the prompt is run once (prefill, in chunks for a rolling
+    sliding-window cache) and each new token reuses the keys/values of all earlier ones; without it,
+    the whole sequence is recomputed at every step (the O(n²)-per-token reference the cache must equal).
+
+    Args:
+        model: a GPT in eval mode. prompts: B non-empty lists of token ids.
+        max_new_tokens: tokens to generate per prompt (fewer when a stop token comes).
+        temperature, top_k, top_p: the sampling chain (sampling.sample_next); temperature 0 = greedy.
+        stop_tokens: ids that end a sequence (default: the model's eos_id, if any); not returned.
+        seed: seeds the sampling generator (same seed, same text); None = torch's global RNG.
+        use_cache: decode with the KV cache (True) or recompute everything (False).
+        on_token: called as on_token(row, token_id) for each generated token, as it is chosen.
+    Returns:
+        B lists of new token ids.
+    Raises:
+        ValueError: for an empty prompt list or prompt, an invalid sampling argument, or a context
+            longer than max_seq_len (see check_context).
+    """
+    from attnlab.sampling import check_sampling, sample_next
+
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token (an empty prompt has nothing to continue)")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    check_sampling(temperature, top_k, top_p)
+    check_context(model, max(len(p) for p in prompts), max_new_tokens)
+    stop = set(stop_tokens if stop_tokens is not None else [t for t in [model.cfg.eos_id] if t is not None])
+    generator = torch.Generator().manual_seed(seed) if seed is not None else None
+    device = model.embed_tokens.weight.device
+    ids, mask = _left_pad(prompts, 0, device)
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, P): real tokens count from 0
+    padded = not bool(mask.all())
+    b = len(prompts)
+    out: list[list[int]] = [[] for _ in range(b)]
+    done = torch.zeros(b, dtype=torch.bool, device=device)
+    try:
+        if use_cache:
+            model.setup_kv_cache(b, ids.size(1) + max_new_tokens)
+            chunk = model.max_chunk or ids.size(1)
+            for s in range(0, ids.size(1), chunk):
+                logits = model(ids[:, s:s + chunk], mask[:, :s + chunk] if padded else None,
+                               positions[:, s:s + chunk]).logits[:, -1]
+        for step in range(max_new_tokens):
+            if not use_cache:
+                logits = model(ids, mask if padded else None, positions).logits[:, -1]
+            nxt = sample_next(logits, temperature, top_k, top_p, generator)  # (B,)
+            for row in (~done).nonzero().flatten().tolist():
+                token = int(nxt[row])
+                if token in stop:
+                    done[row] = True
+                    continue
+                out[row].append(token)
+                if on_token is not None:
+                    on_token(row, token)
+            if bool(done.all()) or step == max_new_tokens - 1:
+                break
+            new_pos = positions[:, -1:] + 1  # (B, 1)
+            ids = torch.cat([ids, nxt[:, None]], dim=1)
+            mask = torch.cat([mask, torch.ones(b, 1, dtype=torch.bool, device=device)], dim=1)
+            positions = torch.cat([positions, new_pos], dim=1)
+            if use_cache:
+                logits = model(nxt[:, None], mask if padded else None, new_pos).logits[:, -1]
+    finally:
+        if use_cache:
+            model.clear_kv_cache()
+    return out

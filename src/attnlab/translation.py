@@ -11,9 +11,10 @@ from attnlab.config import Seq2SeqConfig, TrainConfig, TranslationDataConfig
 from attnlab.data.translation import ParallelCorpus, read_parallel
 from attnlab.models.seq2seq import Seq2SeqTransformer
 from attnlab.tokenizers import ByteLevelBPE
-from attnlab.jsonfile import read_json, write_json_atomic
+from attnlab.jsonfile import write_json_atomic
+from attnlab.runs import check_model_dir, check_out_dir, read_run_config
 from attnlab.train.checkpoint import load_weights
-from attnlab.train.loop import CHECKPOINT_DIR, Trainer
+from attnlab.train.loop import Trainer
 from attnlab.train.translation_task import TranslationTask, corpus_bleu, decode_corpus
 
 log = logging.getLogger("attnlab")
@@ -25,18 +26,8 @@ def _set_threads(n: int) -> None:
         torch.set_num_threads(n)
 
 
-def _has_run(out: Path) -> bool:
-    """Whether `out` holds trained weights or a resumable checkpoint (the things a rerun would lose)."""
-    return (out / CHECKPOINT_DIR / "state.json").is_file() or (out / "model.safetensors").is_file()
-
-
 def _saved_configs(path: Path) -> tuple[dict, Seq2SeqConfig, TranslationDataConfig, dict]:
-    saved = read_json(path / "config.json")
-    if saved.get("model_type") != "seq2seq":
-        raise ValueError(f"{path / 'config.json'}: model_type is {saved.get('model_type')!r}, expected 'seq2seq'")
-    missing = [k for k in ("model", "data", "train") if not isinstance(saved.get(k), dict)]
-    if missing:
-        raise ValueError(f"{path / 'config.json'}: missing section(s) {missing}")
+    saved = read_run_config(path, "seq2seq")
     return saved, Seq2SeqConfig.from_dict(saved["model"]), TranslationDataConfig.from_dict(saved["data"]), saved["train"]
 
 
@@ -57,18 +48,13 @@ def train_translation(recipe, out: str | Path, resume: bool = False) -> dict:
         ValueError: for an invalid setting or a damaged run directory, naming what is wrong.
     """
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise FileExistsError(f"--out {out} is a file, not a run directory")
+    check_out_dir(out, resume)
     if resume:
-        if not (out / CHECKPOINT_DIR / "state.json").is_file():
-            raise FileNotFoundError(f"nothing to resume: {out / CHECKPOINT_DIR} has no checkpoint")
         _, model_cfg, data_cfg, saved_train = _saved_configs(out)
         train_cfg = TrainConfig.from_dict({**saved_train, "max_steps": recipe.train.max_steps,
                                            "minutes": recipe.train.minutes})
         tokenizer = ByteLevelBPE.load(out / "tokenizer.json")
     else:
-        if _has_run(out):
-            raise FileExistsError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
         model_cfg, data_cfg, train_cfg = recipe.model, recipe.data, recipe.train
     _set_threads(train_cfg.threads)
     src, tgt = read_parallel(data_cfg.dataset, "train", data_cfg.src_lang, data_cfg.tgt_lang)
@@ -115,15 +101,7 @@ def load_translator(path: str | Path) -> tuple[Seq2SeqTransformer, ByteLevelBPE,
         ValueError: for a damaged config, a config of another model type, or weights that do not match.
     """
     path = Path(path)
-    if not path.is_dir():
-        raise FileNotFoundError(f"{path} is not a directory (expected a trained model directory)")
-    if (path / "config.json").is_file() and not (path / "model.safetensors").is_file() \
-            and (path / CHECKPOINT_DIR).is_dir():
-        raise FileNotFoundError(f"{path} has no evaluated weights yet (model.safetensors is written at the first "
-                                f"evaluation); continue training it with: attnlab train --recipe RECIPE --out {path} --resume")
-    for name in ("config.json", "model.safetensors", "tokenizer.json"):
-        if not (path / name).is_file():
-            raise FileNotFoundError(f"{path} is not a trained model directory: {name} is missing")
+    check_model_dir(path)
     saved, model_cfg, _, _ = _saved_configs(path)
     model = Seq2SeqTransformer(model_cfg)
     load_weights(model, path / "model.safetensors")

@@ -44,8 +44,14 @@ _MULTI30K_SHA = {
     "test_2016_flickr.fr": "cb3160d69b002bb638e66cc7612fcd56cb0af82eadc9c142dedc438afb885ef6",
 }
 
+_CHAR_RNN_COMMIT = "6f9487a6fe5b420b7ca9afb0d7c078e37c1d1b4e"
+_TINY_SHAKESPEARE = RemoteFile(
+    "input.txt", f"https://github.com/karpathy/char-rnn/raw/{_CHAR_RNN_COMMIT}/data/tinyshakespeare/input.txt",
+    "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed", gzipped=False)
+
 DATASETS: dict[str, dict[str, RemoteFile]] = {
     "multi30k": {n: RemoteFile(n, _MULTI30K_URL.format(n), sha) for n, sha in _MULTI30K_SHA.items()},
+    "tinyshakespeare": {"input.txt": _TINY_SHAKESPEARE},
 }
 
 

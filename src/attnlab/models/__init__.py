@@ -1,4 +1,5 @@
 """Model families."""
+from attnlab.models.gpt import GPT, GPTOutput
 from attnlab.models.seq2seq import DecodeState, Seq2SeqTransformer
 
-__all__ = ["Seq2SeqTransformer", "DecodeState"]
+__all__ = ["Seq2SeqTransformer", "DecodeState", "GPT", "GPTOutput"]

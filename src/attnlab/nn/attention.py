@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.nn.kv_cache import KVCache
+from attnlab.nn.rope import apply_rope
 
 IMPLS = ("sdpa", "math")
 
@@ -24,7 +25,8 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     """softmax(Q Kᵀ / √Dh) V, with a query that can see no key giving zeros (never NaN).
 
     Args:
-        q: (B, H, T, Dh). k, v: (B, H, S, Dh).
+        q: (B, H, T, Dh). k, v: (B, K, S, Dh), K dividing H (grouped-query attention: query head h
+            uses key/value head h // (H / K)).
         mask: bool, broadcastable to (B, H, T, S), True = may attend; None = all visible.
         dropout: dropout on the attention weights (training only; the caller passes 0 in eval).
         impl: "sdpa" (torch's fused kernel, the FlashAttention path) or "math" (explicit, readable).
@@ -37,10 +39,13 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     if mask is not None:
         visible = mask.any(dim=-1, keepdim=True)  # (B?, 1?, T, 1): does the query see any key?
         mask = mask | ~visible  # let empty rows attend everywhere, then zero them below
+    groups = q.size(1) // k.size(1)
     if impl == "sdpa" and not need_weights:
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, enable_gqa=groups > 1)
         weights = None
     else:
+        if groups > 1:
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # (B, H, S, Dh)
         scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, T, S)
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
@@ -98,7 +103,8 @@ class MultiHeadAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, kv_input: torch.Tensor | None = None, mask: torch.Tensor | None = None,
                 cache: KVCache | None = None, kv: tuple[torch.Tensor, torch.Tensor] | None = None,
-                need_weights: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                need_weights: bool = False, rope: tuple[torch.Tensor, torch.Tensor] | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Args:
             x: (B, T, D) queries' input.
             kv_input: (B, S, D) keys/values' input (cross-attention); None = self-attention on x.
@@ -106,6 +112,8 @@ class MultiHeadAttention(nn.Module):
             cache: self-attention KV cache; the new keys/values are appended and all are attended.
             kv: precomputed (k, v), each (B, K, S, Dh), e.g. from project_kv for cross-attention.
             need_weights: also return the attention weights (math path).
+            rope: (cos, sin) of the new tokens' positions, each (B or 1, 1, T, Dh): rotary position
+                embedding applied to the queries and the new keys before they are cached.
         Returns:
             (output (B, T, D), weights (B, H, T, S) or None).
         """
@@ -114,11 +122,10 @@ class MultiHeadAttention(nn.Module):
             k, v = self.project_kv(x if kv_input is None else kv_input)  # (B, K, S, Dh)
         else:
             k, v = kv
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:
             k, v = cache.update(k, v)  # (B, K, S_cached + T, Dh)
-        if self.n_kv_heads != self.n_heads:
-            rep = self.n_heads // self.n_kv_heads
-            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)  # (B, H, S, Dh)
         dropout = self.dropout if self.training else 0.0
         out, weights = scaled_dot_product_attention(q, k, v, mask, dropout, self.impl, need_weights)
         b, _, t, _ = out.shape

@@ -1,6 +1,8 @@
 """Pre-allocated key/value cache for one attention layer (autoregressive decoding).
 
-Shape legend: B batch, K kv heads, T new tokens, L max cached length, Dh head dim.
+Shape legend: B batch, K kv heads, T new tokens, L cache capacity, Dh head dim.
+With a sliding window W the cache rolls: when full it keeps only the W − 1 most recent
+positions (all a later query can see), so memory stays O(L) however long the text grows.
 """
 from __future__ import annotations
 
@@ -11,18 +13,28 @@ class KVCache:
     """Keys and values of the tokens decoded so far, in tensors allocated once.
 
     Stores only the n_kv_heads heads (grouped-query attention shares them across query heads).
+    `length` counts every position appended so far (the absolute position of the next token);
+    `start` is the absolute position of the oldest key still held (0 unless the cache rolled).
 
     Args:
-        batch_size: B. n_kv_heads: K. max_len: L. head_dim: Dh.
+        batch_size: B. n_kv_heads: K. max_len: L, the capacity in positions. head_dim: Dh.
         dtype, device: of the stored tensors.
+        window: sliding window W (None = no window: appending past L is an error).
+    Raises:
+        ValueError: if a window is given that is larger than max_len.
     """
 
     def __init__(self, batch_size: int, n_kv_heads: int, max_len: int, head_dim: int,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
+                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
+                 window: int | None = None):
+        if window is not None and not 1 <= window <= max_len:
+            raise ValueError(f"a rolling KV cache needs 1 <= window <= max_len={max_len}, got {window}")
         shape = (batch_size, n_kv_heads, max_len, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # (B, K, L, Dh)
         self.v = torch.zeros(shape, dtype=dtype, device=device)  # (B, K, L, Dh)
+        self.window = window
         self.length = 0
+        self.start = 0
 
     @property
     def max_len(self) -> int:
@@ -34,17 +46,38 @@ class KVCache:
         Args:
             k, v: (B, K, T, Dh) for the T new tokens.
         Returns:
-            (k_all, v_all), each (B, K, length + T, Dh), views into the cache.
+            (k_all, v_all), each (B, K, length + T − start, Dh): the keys of absolute positions
+            start .. length + T − 1, views into the cache.
         Raises:
-            ValueError: when the cache would overflow max_len.
+            ValueError: when the cache would overflow max_len (no window), or when T new tokens do
+                not fit beside the W − 1 kept ones (feed at most max_len − W + 1 at a time).
         """
-        end = self.length + k.size(2)
-        if end > self.max_len:
-            raise ValueError(f"KV cache overflow: {end} tokens > max_len={self.max_len}")
-        self.k[:, :, self.length:end] = k
-        self.v[:, :, self.length:end] = v
-        self.length = end
-        return self.k[:, :, :end], self.v[:, :, :end]
+        new = k.size(2)
+        self.reserve(new)
+        held = self.length - self.start
+        self.k[:, :, held:held + new] = k
+        self.v[:, :, held:held + new] = v
+        self.length += new
+        return self.k[:, :, :held + new], self.v[:, :, :held + new]
+
+    def reserve(self, new: int) -> None:
+        """Make room for `new` more positions (rolling a windowed cache), so that `start` is final
+        before the attention mask is built. update() calls it too; a second call does nothing.
+
+        Raises:
+            ValueError: as update().
+        """
+        held = self.length - self.start
+        if held + new > self.max_len:
+            if self.window is None:
+                raise ValueError(f"KV cache overflow: {self.length + new} tokens > max_len={self.max_len}")
+            keep = min(self.window - 1, held)
+            if keep + new > self.max_len:
+                raise ValueError(f"{new} new tokens do not fit a rolling KV cache of {self.max_len} positions "
+                                 f"with window {self.window}; feed at most {self.max_len - self.window + 1} at a time")
+            self.k[:, :, :keep] = self.k[:, :, held - keep:held].clone()
+            self.v[:, :, :keep] = self.v[:, :, held - keep:held].clone()
+            self.start = self.length - keep
 
     def reorder(self, index: torch.Tensor) -> None:
         """Keep batch rows `index` (B',) int64, e.g. the surviving hypotheses of beam search."""

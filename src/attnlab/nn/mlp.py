@@ -1,4 +1,4 @@
-"""Position-wise feed-forward network.
+"""Position-wise feed-forward networks: the paper's FFN (ReLU/GELU) and SwiGLU.
 
 Shape legend: B batch, T length, D model dim, F hidden dim (d_ff).
 """
@@ -9,26 +9,64 @@ import torch.nn.functional as F
 from torch import nn
 
 ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
+FFN_ACTIVATIONS = ("relu", "gelu", "swiglu")
 
 
 class FeedForward(nn.Module):
     """FFN(x) = W2 act(W1 x + b1) + b2, applied to each position separately.
 
     Args:
-        d_model: D. d_ff: F (the paper uses 4·D). activation: "relu" (paper) or "gelu".
-        dropout: dropout on the hidden activations.
+        d_model: D. d_ff: F (the paper uses 4·D). activation: "relu" (paper) or "gelu" (GPT, BERT).
+        dropout: dropout on the hidden activations. bias: biases on both projections.
     Source: Vaswani et al. 2017, §3.3, equation (2).
     """
 
-    def __init__(self, d_model: int, d_ff: int, activation: str = "relu", dropout: float = 0.0):
+    def __init__(self, d_model: int, d_ff: int, activation: str = "relu", dropout: float = 0.0,
+                 bias: bool = True):
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
-        self.up_proj = nn.Linear(d_model, d_ff)
-        self.down_proj = nn.Linear(d_ff, d_model)
+        self.up_proj = nn.Linear(d_model, d_ff, bias=bias)
+        self.down_proj = nn.Linear(d_ff, d_model, bias=bias)
         self.act = ACTIVATIONS[activation]
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T, D) -> (B, T, D)."""
         return self.down_proj(self.dropout(self.act(self.up_proj(x))))
+
+
+class SwiGLU(nn.Module):
+    """SwiGLU(x) = W_down (SiLU(W_gate x) ⊙ W_up x), the FFN of LLaMA, Mistral and Qwen.
+
+    Three matrices instead of two, so models usually take F ≈ 8/3 · D to keep the FFN's
+    parameter count at the 4·D two-matrix FFN's.
+
+    Args:
+        d_model: D. d_ff: F. dropout: on the gated hidden activations. bias: on all projections.
+    Source: Shazeer 2020, "GLU Variants Improve Transformer", equation (6) (FFN_SwiGLU).
+    """
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0, bias: bool = False):
+        super().__init__()
+        self.gate_proj = nn.Linear(d_model, d_ff, bias=bias)
+        self.up_proj = nn.Linear(d_model, d_ff, bias=bias)
+        self.down_proj = nn.Linear(d_ff, d_model, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, D) -> (B, T, D)."""
+        return self.down_proj(self.dropout(F.silu(self.gate_proj(x)) * self.up_proj(x)))
+
+
+def make_ffn(d_model: int, d_ff: int, activation: str, dropout: float = 0.0, bias: bool = True) -> nn.Module:
+    """FeedForward for "relu"/"gelu", SwiGLU for "swiglu".
+
+    Raises:
+        ValueError: for an unknown activation, listing the allowed ones.
+    """
+    if activation == "swiglu":
+        return SwiGLU(d_model, d_ff, dropout, bias)
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {FFN_ACTIVATIONS}, got {activation!r}")
+    return FeedForward(d_model, d_ff, activation, dropout, bias)

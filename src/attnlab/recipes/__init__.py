@@ -4,17 +4,22 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from attnlab.config import Seq2SeqConfig, TrainConfig, TranslationDataConfig, parse_value
-from attnlab.recipes import multi30k_en_de
+from attnlab.config import GPTConfig, Seq2SeqConfig, TextDataConfig, TrainConfig, TranslationDataConfig, parse_value
+from attnlab.recipes import multi30k_en_de, shakespeare_bpe, shakespeare_char
 
 
 @dataclass
 class Recipe:
     name: str
     description: str
-    model: Seq2SeqConfig
-    data: TranslationDataConfig
+    model: Seq2SeqConfig | GPTConfig
+    data: TranslationDataConfig | TextDataConfig
     train: TrainConfig
+
+    @property
+    def kind(self) -> str:
+        """"translation" (encoder–decoder) or "language-model" (decoder-only)."""
+        return "language-model" if isinstance(self.model, GPTConfig) else "translation"
 
     def with_overrides(self, assignments: list[str]) -> "Recipe":
         """Apply `key=value` strings to whichever config has the field `key`.
@@ -40,7 +45,10 @@ class Recipe:
         return dataclasses.replace(self, **{p: dataclasses.replace(cfg, **changes[p]) for p, cfg in parts.items()})
 
 
-RECIPES = {multi30k_en_de.NAME: multi30k_en_de.recipe}
+RECIPES = {multi30k_en_de.NAME: multi30k_en_de.recipe,
+           shakespeare_char.NAME: shakespeare_char.recipe,
+           shakespeare_char.LLAMA_NAME: shakespeare_char.llama_recipe,
+           shakespeare_bpe.NAME: shakespeare_bpe.recipe}
 
 
 def get_recipe(name: str) -> Recipe:

@@ -275,6 +275,17 @@ class ByteLevelBPE:
         raise KeyError(f"token id {token_id} is not in the vocabulary "
                        f"(vocab_size={self._vocab_size})")
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes a token decodes to (a special token's UTF-8 text).
+
+        Raises:
+            KeyError: the id is not in the vocabulary.
+        """
+        table = self._decode_table
+        if not 0 <= token_id < len(table) or table[token_id] is None:
+            raise KeyError(f"token id {token_id} is not in the vocabulary (vocab_size={self._vocab_size})")
+        return table[token_id]
+
     @property
     def vocab_size(self) -> int:
         """Largest id + 1 (the embedding size a model needs)."""

@@ -1,10 +1,10 @@
 """One training loop for every recipe.
 
 A task supplies the data and the objective: `batches(epoch)` (a deterministic list of batches for
-that epoch), `loss(model, batch) -> (loss, n_tokens)`, `evaluate(model) -> dict` and `best_metric`
-(a key of evaluate()'s dict, higher is better). The loop owns the optimiser and schedule, gradient
-clipping, the budgets, logging (progress bar on stderr, metrics.jsonl), checkpoints, resuming,
-keeping the best weights and averaging the last ones.
+that epoch), `loss(model, batch) -> (loss, n_tokens)`, `evaluate(model) -> dict`, `best_metric`
+(a key of evaluate()'s dict) and optionally `higher_is_better` (default True). The loop owns the
+optimiser and schedule, gradient accumulation and clipping, the budgets, logging (progress bar on
+stderr, metrics.jsonl), checkpoints, resuming, keeping the best weights and averaging the last ones.
 """
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -21,7 +22,7 @@ from tqdm import tqdm
 
 from attnlab.config import TrainConfig
 from attnlab.train.checkpoint import load_training_state, load_weights, save_training_state, save_weights
-from attnlab.train.optim import build_optimizer, noam_lr, set_lr
+from attnlab.train.optim import build_optimizer, cosine_lr, noam_lr, set_lr
 
 log = logging.getLogger("attnlab")
 CHECKPOINT_DIR = "checkpoint"   # resumable state inside a run directory
@@ -32,6 +33,11 @@ def learning_rate(cfg: TrainConfig, step: int, d_model: int) -> float:
     """The learning rate of (1-based) `step` under cfg's schedule."""
     if cfg.lr_schedule == "noam":
         return noam_lr(step, d_model, cfg.warmup_steps, cfg.lr_factor)
+    if cfg.lr_schedule == "cosine":
+        decay_steps = cfg.lr_decay_steps or cfg.max_steps
+        if decay_steps is None:
+            raise ValueError("lr_schedule 'cosine' needs lr_decay_steps or a step budget (--steps)")
+        return cosine_lr(step, cfg.lr, cfg.min_lr, cfg.warmup_steps, decay_steps)
     return cfg.lr * min(1.0, step / cfg.warmup_steps)
 
 
@@ -103,7 +109,8 @@ class Trainer:
         self.model.train()
         s = self.state
         value = metrics[self.task.best_metric]
-        improved = s["best"] is None or value > s["best"]
+        sign = 1 if getattr(self.task, "higher_is_better", True) else -1
+        improved = s["best"] is None or sign * value > sign * s["best"]
         if improved:
             s["best"], s["best_step"] = value, s["step"]
             save_weights(self.model, self.out / "model.safetensors")
@@ -121,24 +128,31 @@ class Trainer:
         for old in sorted(snaps.glob("step_*.safetensors"))[:-self.cfg.average_last]:
             old.unlink()
 
-    def _train_step(self, batch) -> tuple[float, int]:
+    def _train_step(self, micro_batches: list) -> tuple[float, int]:
+        """One optimizer step over cfg.grad_accum_steps micro-batches (gradients summed, each loss
+        divided by their number). Returns (mean loss, tokens)."""
         s, cfg = self.state, self.cfg
         lr = learning_rate(cfg, s["step"] + 1, self.d_model)
         set_lr(self.optimizer, lr)
-        with autocast_context(cfg.autocast):
-            loss, n_tokens = self.task.loss(self.model, batch)
-        if not torch.isfinite(loss):
-            raise FloatingPointError(
-                f"the loss is {loss.item()} at step {s['step'] + 1}: training diverged (lower lr_factor / lr or "
-                f"raise warmup_steps); the weights were not updated and the last checkpoint is intact")
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        total, n_tokens = 0.0, 0
+        for batch in micro_batches:
+            with autocast_context(cfg.autocast):
+                loss, n = self.task.loss(self.model, batch)
+            if not torch.isfinite(loss):
+                self.optimizer.zero_grad(set_to_none=True)
+                raise FloatingPointError(
+                    f"the loss is {loss.item()} at step {s['step'] + 1}: training diverged (lower lr_factor / lr "
+                    f"or raise warmup_steps); the weights were not updated and the last checkpoint is intact")
+            (loss / len(micro_batches)).backward()
+            total += loss.item() / len(micro_batches)
+            n_tokens += n
         if cfg.clip_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_grad_norm)
         self.optimizer.step()
         s["step"] += 1
         s["tokens"] += n_tokens
-        return loss.item(), n_tokens
+        return total, n_tokens
 
     def fit(self) -> dict:
         """Train until a budget (cfg.max_steps, cfg.minutes) runs out, then evaluate, checkpoint and
@@ -165,8 +179,9 @@ class Trainer:
             while self._budget_left():
                 batches = self.task.batches(s["epoch"])
                 while s["position"] < len(batches) and self._budget_left():
-                    loss, n = self._train_step(batches[s["position"]])
-                    s["position"] += 1
+                    group = batches[s["position"]:s["position"] + cfg.grad_accum_steps]
+                    loss, n = self._train_step(group)
+                    s["position"] += len(group)
                     if self._interrupted:  # Ctrl-C: the step is complete, so the checkpoint is exact
                         raise KeyboardInterrupt
                     window_tok += n
@@ -183,7 +198,7 @@ class Trainer:
                     if s["step"] % cfg.eval_every == 0:
                         record = self._evaluate()
                         last_eval = s["step"]
-                        bar.write(json.dumps(record))
+                        bar.write(json.dumps(record), file=sys.stderr)
                         window_t, window_tok = time.perf_counter(), 0  # keep eval time out of tokens/s
                     if s["step"] % cfg.checkpoint_every == 0:
                         self._save()

@@ -1,0 +1,160 @@
+"""Decoder-only Transformer: GPT-2 and the LLaMA / Mistral / Mixtral design as switches on one model.
+
+Shape legend: B batch, T new tokens, S key positions (cached + new), D model dim, V vocabulary,
+H query heads, K key/value heads, Dh head dim, L layers.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from attnlab.config import GPTConfig
+from attnlab.nn.blocks import DecoderOnlyLayer
+from attnlab.nn.kv_cache import KVCache
+from attnlab.nn.masks import causal_mask
+from attnlab.nn.norm import make_norm
+from attnlab.nn.positional import sinusoidal_table
+from attnlab.nn.rope import RotaryEmbedding
+
+
+@dataclass
+class GPTOutput:
+    logits: torch.Tensor                          # (B, T, V)
+    aux_loss: torch.Tensor                        # () mean MoE load-balancing loss over layers (0 if dense)
+    attentions: list[torch.Tensor] | None = None  # per layer (B, H, T, S), with need_weights
+
+
+class GPT(nn.Module):
+    """Token embeddings (+ learned or sinusoidal positions, or RoPE inside attention), L decoder-only
+    blocks of masked self-attention and FFN/MoE, a final norm (Pre-LN) and the output projection
+    (tied to the embeddings when cfg.tie_embeddings).
+
+    Incremental decoding: setup_kv_cache() allocates one KVCache per layer; forward() then appends
+    to them and attends to all cached positions; clear_kv_cache() frees them. The caller (generate.py)
+    owns positions and padding: it passes position_ids and the key-padding attention_mask.
+
+    Sources: Radford et al. 2018 / 2019 (GPT, GPT-2: decoder-only, learned positions, Pre-LN, init
+    std 0.02 with residual projections scaled by 1/√(2L)); Touvron et al. 2023 (LLaMA: RoPE, RMSNorm,
+    SwiGLU); Ainslie et al. 2023 (GQA); Jiang et al. 2023 / 2024 (Mistral sliding window, Mixtral MoE).
+    """
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.d_model
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, d)
+        if cfg.positions == "learned":
+            self.embed_positions = nn.Embedding(cfg.max_seq_len, d)
+        elif cfg.positions == "sinusoidal":
+            self.register_buffer("position_table", sinusoidal_table(cfg.max_seq_len, d), persistent=False)
+        else:
+            self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.layers = nn.ModuleList(
+            DecoderOnlyLayer(d, cfg.n_heads, cfg.d_ff, cfg.n_kv_heads, cfg.dropout, cfg.attention_dropout, cfg.norm,
+                             cfg.norm_position, cfg.norm_eps, cfg.activation, cfg.bias, cfg.attention_impl,
+                             cfg.n_experts, cfg.moe_top_k)
+            for _ in range(cfg.n_layers))
+        self.norm = make_norm(cfg.norm, d, cfg.norm_eps, cfg.bias) if cfg.norm_position == "pre" else nn.Identity()
+        self.lm_head = nn.Linear(d, cfg.vocab_size, bias=False)
+        self.caches: list[KVCache] | None = None
+        self._init_weights()
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def _init_weights(self) -> None:
+        residual_std = 0.02 / math.sqrt(2 * self.cfg.n_layers)
+        for name, module in self.named_modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                std = residual_std if name.endswith(("out_proj", "down_proj")) else 0.02
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+
+    def num_parameters(self) -> int:
+        """Parameters, tied ones counted once."""
+        return sum(p.numel() for p in self.parameters())
+
+    # ------------------------------------------------------------------ KV cache
+    def setup_kv_cache(self, batch_size: int, max_len: int, dtype: torch.dtype | None = None) -> None:
+        """Allocate one pre-allocated KVCache per layer for `batch_size` sequences of up to `max_len`
+        positions. With a sliding window W < max_len the caches roll and hold only 2·W positions.
+        """
+        p = self.embed_tokens.weight
+        window = self.cfg.sliding_window
+        capacity = min(max_len, 2 * window) if window is not None else max_len
+        window = window if window is not None and window < capacity else None
+        self.caches = [KVCache(batch_size, self.cfg.n_kv_heads, capacity, self.cfg.head_dim, dtype or p.dtype,
+                               p.device, window) for _ in self.layers]
+
+    def clear_kv_cache(self) -> None:
+        self.caches = None
+
+    @property
+    def max_chunk(self) -> int | None:
+        """Most new tokens one forward() may add to a rolling cache (None = no limit beyond max_len)."""
+        c = self.caches[0] if self.caches else None
+        return None if c is None or c.window is None else c.max_len - c.window + 1
+
+    def kv_cache_bytes(self) -> int:
+        """Bytes held by all layers' KV caches (0 when none is set up)."""
+        return sum(c.memory_bytes() for c in self.caches or [])
+
+    # ------------------------------------------------------------------ forward
+    def _mask(self, t: int, offset: int, key_start: int, attention_mask: torch.Tensor | None,
+              device: torch.device) -> torch.Tensor | None:
+        window = self.cfg.sliding_window
+        if attention_mask is None and t == 1 and (window is None or offset - key_start < window):
+            return None  # one new token that may see every held key
+        mask = causal_mask(t, device, offset, window, key_start)  # (1, 1, T, S)
+        if attention_mask is not None:
+            mask = mask & attention_mask[:, None, None, key_start:offset + t].bool()  # (B, 1, T, S)
+        return mask
+
+    def _positions(self, x: torch.Tensor, position_ids: torch.Tensor):
+        """Add absolute positions to x, or return RoPE's (cos, sin)."""
+        if self.cfg.positions == "rope":
+            return x, self.rotary(position_ids, x.dtype)
+        if int(position_ids.max()) >= self.cfg.max_seq_len:
+            raise ValueError(f"position {int(position_ids.max())} is past max_seq_len={self.cfg.max_seq_len} "
+                             f"({self.cfg.positions} positions have no row for it)")
+        if self.cfg.positions == "learned":
+            return x + self.embed_positions(position_ids), None
+        return x + self.position_table[position_ids].to(x.dtype), None
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, need_weights: bool = False) -> GPTOutput:
+        """Args:
+            input_ids: (B, T) int64 new tokens.
+            attention_mask: (B, S) bool/int over every position so far (cached and new), 1 = real
+                token, 0 = padding (left padding of a batch of prompts); None = no padding.
+            position_ids: (B, T) int64 positions of the new tokens; None = offset .. offset + T − 1,
+                offset being the number of cached positions.
+            need_weights: also return each layer's attention weights (the math path).
+        Returns:
+            GPTOutput(logits (B, T, V) in the parameters' dtype, aux_loss (), attentions or None).
+        Raises:
+            ValueError: when a position is past max_seq_len for absolute positions, or the KV cache
+                would overflow.
+        """
+        b, t = input_ids.shape
+        offset = self.caches[0].length if self.caches else 0
+        if self.caches:
+            for cache in self.caches:
+                cache.reserve(t)
+        key_start = self.caches[0].start if self.caches else 0
+        if position_ids is None:
+            position_ids = torch.arange(offset, offset + t, device=input_ids.device)[None].expand(b, t)
+        mask = self._mask(t, offset, key_start, attention_mask, input_ids.device)
+        x, rope = self._positions(self.embed_tokens(input_ids), position_ids)
+        x = self.dropout(x)
+        aux, attentions = x.new_zeros(()), [] if need_weights else None
+        for i, layer in enumerate(self.layers):
+            x, layer_aux, weights = layer(x, mask, self.caches[i] if self.caches else None, rope, need_weights)
+            aux = aux + layer_aux
+            if need_weights:
+                attentions.append(weights)
+        return GPTOutput(self.lm_head(self.norm(x)), aux / len(self.layers), attentions)

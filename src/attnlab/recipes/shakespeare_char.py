@@ -1,0 +1,43 @@
+"""shakespeare-char and shakespeare-char-llama: character-level language models of Tiny Shakespeare.
+
+shakespeare-char is nanoGPT's CPU configuration (Karpathy, nanoGPT README, "baby GPT" on a
+MacBook): 4 layers, 4 heads, d_model 128, block 64, batch 12, 2,000 iterations, AdamW lr 1e-3
+(β2 0.99, weight decay 0.1) with 100 warm-up steps and cosine decay to 1e-4 at step 2,000, no
+dropout, no biases. nanoGPT reports a validation loss of about 1.88 for it.
+shakespeare-char-llama is the same budget and parameter count in the LLaMA style: RoPE, RMSNorm,
+SwiGLU and grouped-query attention (2 KV heads for 4 query heads), with d_ff 384 so that the
+attention and FFN matrices hold exactly as many parameters as the GPT-2-style blocks.
+"""
+from __future__ import annotations
+
+NAME = "shakespeare-char"
+LLAMA_NAME = "shakespeare-char-llama"
+SIZES = dict(d_model=128, n_heads=4, n_layers=4, max_seq_len=64, dropout=0.0, bias=False)
+
+
+def _train():
+    from attnlab.config import TrainConfig
+
+    return TrainConfig(lr_schedule="cosine", lr=1e-3, min_lr=1e-4, warmup_steps=100, lr_decay_steps=2000,
+                       max_steps=2000, beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.1, label_smoothing=0.0,
+                       clip_grad_norm=1.0, eval_every=250, log_every=50, checkpoint_every=250)
+
+
+def recipe():
+    from attnlab.config import GPTConfig, TextDataConfig
+    from attnlab.recipes import Recipe
+
+    return Recipe(name=NAME, description="GPT-2-style character LM of Tiny Shakespeare (nanoGPT's CPU baby GPT)",
+                  model=GPTConfig.from_name("gpt2", **SIZES),
+                  data=TextDataConfig(dataset="tinyshakespeare", tokenizer="char", block_size=64, batch_size=12),
+                  train=_train())
+
+
+def llama_recipe():
+    from attnlab.config import GPTConfig, TextDataConfig
+    from attnlab.recipes import Recipe
+
+    return Recipe(name=LLAMA_NAME, description="LLaMA-style character LM of Tiny Shakespeare, same size and budget",
+                  model=GPTConfig.from_name("llama", **SIZES, n_kv_heads=2, d_ff=384),
+                  data=TextDataConfig(dataset="tinyshakespeare", tokenizer="char", block_size=64, batch_size=12),
+                  train=_train())

@@ -1,0 +1,66 @@
+"""Run directories shared by every task: what a new run may overwrite, the saved config.json, and
+the files a trained model directory must hold.
+
+A run directory holds config.json ({"model_type", "recipe", "model", "data", "train"}),
+model.safetensors (best weights), tokenizer.json, metrics.jsonl and checkpoint/ (for --resume).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from attnlab.jsonfile import read_json
+from attnlab.train.loop import CHECKPOINT_DIR
+
+
+def has_run(out: Path) -> bool:
+    """Whether `out` holds trained weights or a resumable checkpoint (the things a rerun would lose)."""
+    return (out / CHECKPOINT_DIR / "state.json").is_file() or (out / "model.safetensors").is_file()
+
+
+def check_out_dir(out: Path, resume: bool) -> None:
+    """Refuse an `out` that is a file, one that already holds a run (without resume), or a resume
+    with nothing to resume.
+
+    Raises:
+        FileExistsError, FileNotFoundError: saying what to do instead.
+    """
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"--out {out} is a file, not a run directory")
+    if resume and not (out / CHECKPOINT_DIR / "state.json").is_file():
+        raise FileNotFoundError(f"nothing to resume: {out / CHECKPOINT_DIR} has no checkpoint")
+    if not resume and has_run(out):
+        raise FileExistsError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
+
+
+def read_run_config(path: Path, model_type: str | None = None) -> dict:
+    """The config.json of run directory `path`, checked for its sections (and its model_type).
+
+    Raises:
+        ValueError: naming the file and what is wrong with it.
+    """
+    saved = read_json(path / "config.json")
+    if model_type is not None and saved.get("model_type") != model_type:
+        raise ValueError(f"{path / 'config.json'}: model_type is {saved.get('model_type')!r}, expected {model_type!r}")
+    missing = [k for k in ("model", "data", "train") if not isinstance(saved.get(k), dict)]
+    if missing:
+        raise ValueError(f"{path / 'config.json'}: missing section(s) {missing}")
+    return saved
+
+
+def check_model_dir(path: Path) -> None:
+    """Raise FileNotFoundError naming what is missing unless `path` is a trained model directory."""
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path} is not a directory (expected a trained model directory)")
+    if (path / "config.json").is_file() and not (path / "model.safetensors").is_file() \
+            and (path / CHECKPOINT_DIR).is_dir():
+        raise FileNotFoundError(f"{path} has no evaluated weights yet (model.safetensors is written at the first "
+                                f"evaluation); continue training it with: attnlab train --recipe RECIPE --out {path} --resume")
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        if not (path / name).is_file():
+            raise FileNotFoundError(f"{path} is not a trained model directory: {name} is missing")
+
+
+def model_type(path: Path) -> str:
+    """The model_type of the trained model directory `path` ("seq2seq", "gpt", ...)."""
+    check_model_dir(path)
+    return str(read_json(path / "config.json").get("model_type"))

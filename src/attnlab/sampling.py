@@ -1,0 +1,67 @@
+"""The sampling chain of autoregressive generation: logits → temperature → top-k → top-p → sample.
+
+Shape legend: B sequences, V vocabulary.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
+    """Raise ValueError naming the argument when temperature < 0, top_k < 1 or top_p outside (0, 1]."""
+    if not temperature >= 0:  # also catches NaN
+        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+
+
+def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Keep the k largest logits of each row, −inf elsewhere (ties at the k-th value are kept).
+
+    Args: logits (B, V). Returns: (B, V). Source: Fan et al. 2018, "Hierarchical Neural Story
+    Generation", §5 (top-k sampling).
+    """
+    k = min(k, logits.size(-1))
+    kth = logits.topk(k, dim=-1).values[..., -1:]  # (B, 1)
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """Nucleus filtering: keep the smallest set of most probable tokens whose probability sums to
+    at least p (always at least the most probable one), −inf elsewhere.
+
+    Args: logits (B, V). Returns: (B, V). Source: Holtzman et al. 2020, "The Curious Case of Neural
+    Text Degeneration", §3.1, equation (2).
+    """
+    sorted_logits, order = logits.sort(dim=-1, descending=True)  # (B, V)
+    cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+    drop_sorted = cumulative - sorted_logits.softmax(dim=-1) >= p  # mass before this token already >= p
+    drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
+                top_p: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Pick the next token of each row.
+
+    temperature 0 is greedy (argmax); otherwise logits / temperature are filtered by top-k then
+    top-p and one token is drawn from the softmax with `generator` (seeded = reproducible).
+
+    Args:
+        logits: (B, V) next-token logits.
+    Returns:
+        (B,) int64 token ids.
+    Raises:
+        ValueError: for an invalid temperature, top_k or top_p (see check_sampling).
+    """
+    check_sampling(temperature, top_k, top_p)
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k is not None:
+        logits = top_k_filter(logits, top_k)
+    if top_p is not None and top_p < 1:
+        logits = top_p_filter(logits, top_p)
+    return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(-1)

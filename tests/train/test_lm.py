@@ -1,0 +1,179 @@
+import json
+import math
+import random
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from attnlab.config import GPTConfig, TextDataConfig, TrainConfig
+from attnlab.data.text import TokenStream, char_tokenizer, split_text
+from attnlab.lm import evaluate_lm, load_lm, train_lm
+from attnlab.models.gpt import GPT
+from attnlab.recipes import get_recipe
+from attnlab.tokenizers import ByteLevelBPE
+from attnlab.train.lm_task import LanguageModelTask
+from attnlab.train.loop import Trainer, learning_rate
+from attnlab.train.optim import cosine_lr
+
+WORDS = "to be or not that is the question whether tis nobler in mind suffer slings and arrows".split()
+TINY_LM = ["d_model=32", "n_heads=4", "n_layers=2", "max_seq_len=16", "block_size=16", "batch_size=8",
+           "lr=0.01", "min_lr=0.001", "warmup_steps=5", "lr_decay_steps=30", "eval_every=10",
+           "checkpoint_every=10", "log_every=5"]
+
+
+def tiny_text(n_sentences=150, seed=0) -> str:
+    rng = random.Random(seed)
+    lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 6))).capitalize() + "." for _ in range(n_sentences)]
+    return "To be or not to be.\n" + "\n".join(lines) + "\n"
+
+
+@pytest.fixture
+def tiny_shakespeare(tmp_path, monkeypatch):
+    """A few KB of simple sentences as tinyshakespeare/input.txt, the only place searched."""
+    import attnlab.data.datasets as datasets
+
+    root = tmp_path / "data"
+    (root / "tinyshakespeare").mkdir(parents=True)
+    text = tiny_text()
+    (root / "tinyshakespeare" / "input.txt").write_text(text, encoding="utf-8")
+    monkeypatch.setenv("ATTNLAB_DATA", str(root))
+    monkeypatch.setattr(datasets, "search_path", lambda: [root])
+    return text
+
+
+def tiny_lm_recipe(steps, extra=()):
+    return get_recipe("shakespeare-char").with_overrides(TINY_LM + [f"max_steps={steps}", *extra])
+
+
+# ----------------------------------------------------------------------------- schedule
+def test_cosine_lr_known_values():
+    lr, low, warm, decay = 1e-3, 1e-4, 10, 110
+    f = lambda s: cosine_lr(s, lr, low, warm, decay)  # noqa: E731
+    assert f(1) == pytest.approx(1e-4) and f(5) == pytest.approx(5e-4)
+    assert f(warm) == pytest.approx(lr)
+    assert f(60) == pytest.approx((lr + low) / 2)
+    assert f(35) == pytest.approx(low + 0.5 * (1 + math.cos(math.pi / 4)) * (lr - low))
+    assert f(decay) == pytest.approx(low) and f(decay + 1) == low and f(10 * decay) == low
+    values = [f(s) for s in range(warm, decay + 1)]
+    assert all(a > b for a, b in zip(values, values[1:]))
+    assert max(f(s) for s in range(1, 300)) == pytest.approx(lr)
+
+
+def test_learning_rate_cosine_defaults_to_max_steps_and_needs_a_horizon():
+    cfg = TrainConfig(lr_schedule="cosine", lr=1e-3, min_lr=0.0, warmup_steps=2, max_steps=12)
+    assert learning_rate(cfg, 7, 32) == pytest.approx(5e-4)
+    assert learning_rate(cfg, 12, 32) == 0.0
+    with pytest.raises(ValueError, match="lr_decay_steps"):
+        learning_rate(TrainConfig(lr_schedule="cosine", warmup_steps=2), 3, 32)
+
+
+@pytest.mark.parametrize("kwargs,field", [
+    (dict(lr=1e-3, min_lr=2e-3), "min_lr"), (dict(grad_accum_steps=0), "grad_accum_steps"),
+    (dict(warmup_steps=10, lr_decay_steps=10), "lr_decay_steps"), (dict(lr_schedule="linear"), "lr_schedule"),
+])
+def test_train_config_validation_names_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        TrainConfig(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs,field", [
+    (dict(block_size=0), "block_size"), (dict(train_fraction=1.0), "train_fraction"), (dict(tokenizer="word"), "tokenizer"),
+])
+def test_text_data_config_validation_names_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        TextDataConfig(**kwargs)
+
+
+# ----------------------------------------------------------------------------- data
+def test_split_tokenizer_and_blocks():
+    text = tiny_text(20)
+    train, val = split_text(text, 0.9)
+    assert train + val == text and len(train) == int(len(text) * 0.9)
+    tok = char_tokenizer(train)
+    assert tok.vocab_size == len(set(train)) and tok.decode(tok.encode(train)) == train
+    stream = TokenStream(torch.tensor(tok.encode(train)))
+    x, y = stream.blocks(torch.tensor([0, 5]), 8)
+    assert x.shape == y.shape == (2, 8) and torch.equal(x[:, 1:], y[:, :-1])
+    assert tok.decode(x[1].tolist()) == train[5:13] and tok.decode(y[1].tolist()) == train[6:14]
+    pieces = list(stream.sequential_blocks(16, batch_size=4))
+    xs = torch.cat([a.flatten() for a, _ in pieces])
+    assert torch.equal(xs, stream.ids[:-1])  # every position scored once, in order
+    assert sum(b.numel() for _, b in stream.sequential_blocks(16, max_tokens=50)) == 50
+
+
+# ----------------------------------------------------------------------------- gradient accumulation
+def _trainer(tmp_path, accum, name):
+    text = tiny_text(30)
+    tok = char_tokenizer(text)
+    stream = TokenStream(torch.tensor(tok.encode(text)))
+    cfg = TrainConfig(lr_schedule="constant", lr=1e-3, warmup_steps=1, label_smoothing=0.0, grad_accum_steps=accum)
+    task = LanguageModelTask(stream, stream, TextDataConfig(block_size=16, batch_size=8), cfg)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_name("llama", vocab_size=tok.vocab_size, d_model=32, n_heads=4, n_layers=2,
+                                    max_seq_len=16))
+    return Trainer(model, task, cfg, tmp_path / name, 32), task
+
+
+def test_grad_accum_of_half_batches_equals_one_full_batch(tmp_path):
+    full, task = _trainer(tmp_path, 1, "full")
+    accum, _ = _trainer(tmp_path, 2, "accum")
+    offsets = task.batches(0)[0]  # (8,)
+    loss_full, n_full = full._train_step([offsets])
+    loss_acc, n_acc = accum._train_step([offsets[:4], offsets[4:]])
+    assert n_full == n_acc == 8 * 16
+    assert loss_acc == pytest.approx(loss_full, abs=1e-5)
+    assert full.state["step"] == accum.state["step"] == 1
+    for (name, a), b in zip(full.model.named_parameters(), accum.model.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-4, msg=name)
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0, msg=name)
+
+
+# ----------------------------------------------------------------------------- end to end
+def test_train_lm_end_to_end(tiny_shakespeare, tmp_path):
+    out = tmp_path / "run"
+    result = train_lm(tiny_lm_recipe(30), out)
+    assert result["steps"] == 30 and result["parameters"] > 0
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "metrics.jsonl"):
+        assert (out / name).is_file()
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in records if "val_loss" in r]
+    logged = [r for r in records if "lr" in r]
+    assert [r["step"] for r in logged] == [5, 10, 15, 20, 25, 30]
+    for r in logged:  # the cosine schedule of the overrides: warm-up 5, decay to 1e-3 at step 30
+        assert r["lr"] == pytest.approx(cosine_lr(r["step"], 0.01, 0.001, 5, 30))
+    assert [r["step"] for r in evals] == [10, 20, 30]
+    assert evals[-1]["val_loss"] < evals[0]["val_loss"] < math.log(len(set(tiny_shakespeare)))
+    assert result["best"] == min(r["val_loss"] for r in evals)
+    assert "bits_per_byte" in evals[0] and evals[0]["perplexity"] == pytest.approx(math.exp(evals[0]["val_loss"]), rel=1e-3)
+    train_text, _ = split_text(tiny_shakespeare, 0.9)
+    tok = ByteLevelBPE.load(out / "tokenizer.json")
+    assert tok.vocab_size == len(set(train_text))
+    assert sorted(tok.decode([i]) for i in range(tok.vocab_size)) == sorted(set(train_text))
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["model_type"] == "gpt" and saved["model"]["vocab_size"] == tok.vocab_size
+    model, tok2, _ = load_lm(out)
+    assert not model.training and tok2.vocab_size == tok.vocab_size
+    scored = evaluate_lm(out, "val")
+    assert scored["split"] == "val" and scored["val_loss"] == pytest.approx(result["best"], abs=1e-4)
+    assert scored["n"] == len(tiny_shakespeare) - len(train_text) - 1
+    assert scored["perplexity"] == pytest.approx(math.exp(scored["val_loss"]), rel=1e-3)
+    assert evaluate_lm(out, "train", limit=40)["n"] == 40
+    with pytest.raises(ValueError, match="split"):
+        evaluate_lm(out, "dev")
+
+
+def test_resumed_lm_run_equals_uninterrupted(tiny_shakespeare, tmp_path):
+    train_lm(tiny_lm_recipe(30), tmp_path / "full")
+    train_lm(tiny_lm_recipe(20), tmp_path / "split")
+    result = train_lm(tiny_lm_recipe(30), tmp_path / "split", resume=True)
+    assert result["steps"] == 30
+    a = load_file(str(tmp_path / "full" / "checkpoint" / "model.safetensors"))
+    b = load_file(str(tmp_path / "split" / "checkpoint" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_block_size_longer_than_context_is_refused_before_writing(tiny_shakespeare, tmp_path):
+    with pytest.raises(ValueError, match="block_size"):
+        train_lm(tiny_lm_recipe(5, ["block_size=32"]), tmp_path / "bad")
+    assert not (tmp_path / "bad").exists()
