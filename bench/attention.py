@@ -1,8 +1,9 @@
 """Benchmark: causal self-attention time and peak memory against sequence length, math path vs SDPA.
 
 The explicit math path materialises the (B, H, T, T) score and weight matrices, so its memory grows
-as O(T²); torch's scaled_dot_product_attention (the FlashAttention path on this CPU build) works in
-tiles and never holds them, so its extra memory grows as O(T). Both do O(T²) work. Each (impl, T)
+as O(T²); torch's scaled_dot_product_attention with is_causal (the FlashAttention path on this CPU
+build, as the GPT uses it for training and prefill) works in tiles and never holds them, so its
+extra memory grows as O(T). Both do O(T²) work. Each (impl, T)
 point runs in a fresh subprocess; peak memory is the rise of the process's peak resident set
 (ru_maxrss) over the inputs. Prints one JSON line; --plot draws both curves (log-log).
 
@@ -25,14 +26,14 @@ from attnlab.nn.masks import causal_mask
 impl, t, h, dh, reps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 torch.manual_seed(0)
 q, k, v = (torch.randn(1, h, t, dh) for _ in range(3))
-mask = causal_mask(t)
-scaled_dot_product_attention(q[:, :, :8], k[:, :, :8], v[:, :, :8], causal_mask(8), impl=impl)  # warm-up
+mask = None if impl == "sdpa" else causal_mask(t)  # SDPA: its is_causal path, as the GPT uses it
+scaled_dot_product_attention(q[:, :, :8], k[:, :, :8], v[:, :, :8], None, impl=impl, is_causal=True)  # warm-up
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 times = []
 for _ in range(reps):
     t0 = time.perf_counter()
     with torch.no_grad():
-        scaled_dot_product_attention(q, k, v, mask, impl=impl)
+        scaled_dot_product_attention(q, k, v, mask, impl=impl, is_causal=mask is None)
     times.append(time.perf_counter() - t0)
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 print(json.dumps({"ms": round(min(times) * 1e3, 2), "peak_extra_mib": round((peak - base) / 1024, 1)}))

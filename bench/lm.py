@@ -2,9 +2,11 @@
 
 Trains each recipe for its 2,000 steps (nanoGPT's "baby GPT": 4 layers, 4 heads, d_model 128,
 block 64, batch 12; nanoGPT reports a validation loss of about 1.88) in one run and prints one JSON
-line: final and best validation loss, bits per byte, parameters, training tokens/s, and the fraction
-of this machine's measured fp32 matmul rate; ratios against the first recipe. --plot draws the
-validation-loss curves.
+line: final and best validation loss (one exact pass over the whole validation text), bits per byte
+(comparable across tokenizers), parameters, training tokens/s, the fraction of this machine's
+measured fp32 matmul rate, and for character models the spread of nanoGPT's own 20-batch estimate
+on the final weights; ratios against the first recipe. --plot draws the validation-loss curves
+(character-level recipes only: nats per BPE token are on another scale).
 
     python bench/lm.py [--recipes shakespeare-char shakespeare-char-llama ...] [--steps N] [--plot FILE]
 """
@@ -37,9 +39,35 @@ def train_flops_per_token(cfg: GPTConfig, block: int) -> float:
     return 3 * (cfg.n_layers * per_layer + 2 * d * cfg.vocab_size)
 
 
+@torch.no_grad()
+def nanogpt_estimates(run: Path, draws: int = 50, eval_iters: int = 20) -> dict:
+    """nanoGPT's CPU validation estimate (the mean loss of eval_iters random batches of 12 × block
+    from the validation text), drawn `draws` times on the final weights: its mean, spread and range,
+    to put nanoGPT's single reading beside our one exact pass over the whole validation text."""
+    from attnlab.config import TextDataConfig
+    from attnlab.data.text import TokenStream, read_text, split_text
+    from attnlab.lm import load_lm
+    from attnlab.train.checkpoint import load_weights
+
+    model, tokenizer, saved = load_lm(run)
+    load_weights(model, run / "checkpoint" / "model.safetensors")  # the last step's weights
+    data = TextDataConfig.from_dict(saved["data"])
+    val = TokenStream(torch.tensor(tokenizer.encode(split_text(read_text(data.dataset), data.train_fraction)[1])))
+    g = torch.Generator().manual_seed(0)
+    values = []
+    for _ in range(draws):
+        offsets = val.random_offsets(eval_iters, data.batch_size, data.block_size, g)
+        losses = [torch.nn.functional.cross_entropy(model(x).logits.flatten(0, 1), y.flatten()).item()
+                  for x, y in (val.blocks(o, data.block_size) for o in offsets)]
+        values.append(sum(losses) / len(losses))
+    t = torch.tensor(values)
+    return {"draws": draws, "eval_iters": eval_iters, "mean": round(t.mean().item(), 4),
+            "sd": round(t.std().item(), 4), "min": round(t.min().item(), 4), "max": round(t.max().item(), 4)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--recipes", nargs="+", default=["shakespeare-char", "shakespeare-char-llama"])
+    ap.add_argument("--recipes", nargs="+", default=["shakespeare-char", "shakespeare-char-llama", "shakespeare-bpe"])
     ap.add_argument("--steps", type=int, help="override the recipes' step budget (and decay length)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="applied to every recipe")
     ap.add_argument("--out", default="runs/bench-lm")
@@ -63,10 +91,12 @@ def main() -> None:
                          "train_tokens_per_s": summary["tokens_per_s"], "train_gflops": round(gflops, 1)}
         if peaks:
             results[name]["fraction_of_fp32_matmul_peak"] = round(gflops / peaks["fp32_matmul_gflops"], 3)
+        if recipe.data.tokenizer == "char":
+            results[name]["nanogpt_style_estimate_final_weights"] = nanogpt_estimates(out)
     first = results[args.recipes[0]]
     for name in args.recipes[1:]:
         r = results[name]
-        r["ratio_val_loss_vs_first"] = round(r["val_loss"] / first["val_loss"], 3)
+        r["ratio_bits_per_byte_vs_first"] = round(r["bits_per_byte"] / first["bits_per_byte"], 3)
         r["ratio_tokens_per_s_vs_first"] = round(r["train_tokens_per_s"] / first["train_tokens_per_s"], 2)
     print(json.dumps({"bench": "lm", "reference_nanogpt_val_loss": NANOGPT_VAL_LOSS, "overrides": args.set,
                       "results": results, "machine": peaks, "threads": torch.get_num_threads()}))
@@ -76,6 +106,8 @@ def main() -> None:
         import matplotlib.pyplot as plt
         fig, ax = plt.subplots(figsize=(6, 4))
         for name, curve in curves.items():
+            if get_recipe(name).data.tokenizer != "char":
+                continue
             ax.plot([c[0] for c in curve], [c[1] for c in curve], marker="o", label=name)
         ax.axhline(NANOGPT_VAL_LOSS, ls="--", color="gray", label=f"nanoGPT CPU baby GPT ({NANOGPT_VAL_LOSS})")
         ax.set_xlabel("optimizer step (batch 12 × 64 tokens)")

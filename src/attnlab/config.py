@@ -121,6 +121,7 @@ class GPTConfig(_Config):
     router_aux_loss_coef: float = 0.01  # weight of the load-balancing loss added to the training loss
     tie_embeddings: bool = True       # output projection shares the token embedding matrix
     bias: bool = True                 # biases on linear layers and LayerNorm
+    qkv_bias: Optional[bool] = None   # biases on the q/k/v projections alone (Qwen2); None = bias
     dropout: float = 0.0              # on embeddings and sublayer outputs
     attention_dropout: float = 0.0    # on attention weights
     attention_impl: Literal["sdpa", "math"] = "sdpa"  # fused kernel (FlashAttention path) or explicit math

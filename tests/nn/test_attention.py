@@ -1,5 +1,6 @@
 import math
 
+import pytest
 import torch
 
 from attnlab.nn.attention import MultiHeadAttention, scaled_dot_product_attention
@@ -70,3 +71,14 @@ def test_causal_mask_with_offset():
     m = causal_mask(2, offset=3)
     assert m.shape == (1, 1, 2, 5)
     assert m[0, 0].tolist() == [[True] * 4 + [False], [True] * 5]
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "math"])
+def test_is_causal_equals_the_explicit_causal_mask(impl):
+    from attnlab.nn.masks import causal_mask
+    q, k, v = torch.randn(2, 4, 9, 8), torch.randn(2, 2, 9, 8), torch.randn(2, 2, 9, 8)
+    fast, _ = scaled_dot_product_attention(q, k, v, None, impl=impl, is_causal=True)
+    explicit, _ = scaled_dot_product_attention(q, k, v, causal_mask(9), impl="math")
+    torch.testing.assert_close(fast, explicit, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="either a mask or is_causal"):
+        scaled_dot_product_attention(q, k, v, causal_mask(9), impl=impl, is_causal=True)

@@ -56,7 +56,7 @@ class GPT(nn.Module):
         self.layers = nn.ModuleList(
             DecoderOnlyLayer(d, cfg.n_heads, cfg.d_ff, cfg.n_kv_heads, cfg.dropout, cfg.attention_dropout, cfg.norm,
                              cfg.norm_position, cfg.norm_eps, cfg.activation, cfg.bias, cfg.attention_impl,
-                             cfg.n_experts, cfg.moe_top_k)
+                             cfg.n_experts, cfg.moe_top_k, cfg.qkv_bias)
             for _ in range(cfg.n_layers))
         self.norm = make_norm(cfg.norm, d, cfg.norm_eps, cfg.bias) if cfg.norm_position == "pre" else nn.Identity()
         self.lm_head = nn.Linear(d, cfg.vocab_size, bias=False)
@@ -148,12 +148,16 @@ class GPT(nn.Module):
         key_start = self.caches[0].start if self.caches else 0
         if position_ids is None:
             position_ids = torch.arange(offset, offset + t, device=input_ids.device)[None].expand(b, t)
-        mask = self._mask(t, offset, key_start, attention_mask, input_ids.device)
+        # Plain causal attention over the whole input (training, evaluation, a first prefill): SDPA's
+        # is_causal path, which never builds a T × T mask.
+        is_causal = attention_mask is None and self.cfg.sliding_window is None and offset == 0 and t > 1
+        mask = None if is_causal else self._mask(t, offset, key_start, attention_mask, input_ids.device)
         x, rope = self._positions(self.embed_tokens(input_ids), position_ids)
         x = self.dropout(x)
         aux, attentions = x.new_zeros(()), [] if need_weights else None
         for i, layer in enumerate(self.layers):
-            x, layer_aux, weights = layer(x, mask, self.caches[i] if self.caches else None, rope, need_weights)
+            x, layer_aux, weights = layer(x, mask, self.caches[i] if self.caches else None, rope, need_weights,
+                                          is_causal)
             aux = aux + layer_aux
             if need_weights:
                 attentions.append(weights)

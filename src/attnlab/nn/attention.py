@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.nn.kv_cache import KVCache
+from attnlab.nn.masks import causal_mask
 from attnlab.nn.rope import apply_rope
 
 IMPLS = ("sdpa", "math")
@@ -20,7 +21,7 @@ IMPLS = ("sdpa", "math")
 
 def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                  mask: torch.Tensor | None = None, dropout: float = 0.0,
-                                 impl: str = "sdpa", need_weights: bool = False
+                                 impl: str = "sdpa", need_weights: bool = False, is_causal: bool = False
                                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """softmax(Q Kᵀ / √Dh) V, with a query that can see no key giving zeros (never NaN).
 
@@ -31,17 +32,25 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         dropout: dropout on the attention weights (training only; the caller passes 0 in eval).
         impl: "sdpa" (torch's fused kernel, the FlashAttention path) or "math" (explicit, readable).
         need_weights: return the (B, H, T, S) attention weights; forces the math path.
+        is_causal: the mask is the plain causal mask of T == S positions (pass mask=None): SDPA then
+            skips the future without building any T × T tensor (O(T) extra memory).
     Returns:
         (output (B, H, T, Dh), weights (B, H, T, S) or None).
     Source: Vaswani et al. 2017, §3.2.1, equation (1).
     """
+    if is_causal:
+        if mask is not None:
+            raise ValueError("pass either a mask or is_causal=True, not both")
+        if impl != "sdpa" or need_weights:
+            mask = causal_mask(q.size(2), q.device)  # (1, 1, T, T) for the explicit path
     visible = None
     if mask is not None:
         visible = mask.any(dim=-1, keepdim=True)  # (B?, 1?, T, 1): does the query see any key?
         mask = mask | ~visible  # let empty rows attend everywhere, then zero them below
     groups = q.size(1) // k.size(1)
     if impl == "sdpa" and not need_weights:
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, enable_gqa=groups > 1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, enable_gqa=groups > 1,
+                                             is_causal=is_causal)
         weights = None
     else:
         if groups > 1:
@@ -69,6 +78,7 @@ class MultiHeadAttention(nn.Module):
     Args:
         d_model: D. n_heads: H. n_kv_heads: K (None = H).
         dropout: dropout on the attention weights. bias: biases on the projections.
+        qkv_bias: biases on the query/key/value projections only (Qwen2); None = `bias`.
         impl: "sdpa" or "math".
     Raises:
         ValueError: if D is not divisible by H, H not divisible by K, or impl is unknown.
@@ -76,7 +86,7 @@ class MultiHeadAttention(nn.Module):
     """
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, dropout: float = 0.0,
-                 bias: bool = True, impl: str = "sdpa"):
+                 bias: bool = True, impl: str = "sdpa", qkv_bias: bool | None = None):
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         if d_model % n_heads:
@@ -87,9 +97,10 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"attention impl must be one of {IMPLS}, got {impl!r}")
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, d_model // n_heads
         self.dropout, self.impl = dropout, impl
-        self.q_proj = nn.Linear(d_model, n_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)
+        qkv_bias = bias if qkv_bias is None else qkv_bias
+        self.q_proj = nn.Linear(d_model, n_heads * self.head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=qkv_bias)
         self.out_proj = nn.Linear(n_heads * self.head_dim, d_model, bias=bias)
 
     def _split(self, x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -103,8 +114,8 @@ class MultiHeadAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, kv_input: torch.Tensor | None = None, mask: torch.Tensor | None = None,
                 cache: KVCache | None = None, kv: tuple[torch.Tensor, torch.Tensor] | None = None,
-                need_weights: bool = False, rope: tuple[torch.Tensor, torch.Tensor] | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                need_weights: bool = False, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+                is_causal: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Args:
             x: (B, T, D) queries' input.
             kv_input: (B, S, D) keys/values' input (cross-attention); None = self-attention on x.
@@ -114,6 +125,7 @@ class MultiHeadAttention(nn.Module):
             need_weights: also return the attention weights (math path).
             rope: (cos, sin) of the new tokens' positions, each (B or 1, 1, T, Dh): rotary position
                 embedding applied to the queries and the new keys before they are cached.
+            is_causal: plain causal self-attention over x alone (mask None, nothing cached before).
         Returns:
             (output (B, T, D), weights (B, H, T, S) or None).
         """
@@ -127,7 +139,7 @@ class MultiHeadAttention(nn.Module):
         if cache is not None:
             k, v = cache.update(k, v)  # (B, K, S_cached + T, Dh)
         dropout = self.dropout if self.training else 0.0
-        out, weights = scaled_dot_product_attention(q, k, v, mask, dropout, self.impl, need_weights)
+        out, weights = scaled_dot_product_attention(q, k, v, mask, dropout, self.impl, need_weights, is_causal)
         b, _, t, _ = out.shape
         out = out.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)  # (B, T, H·Dh)
         return self.out_proj(out), weights

@@ -112,15 +112,17 @@ class DecoderOnlyLayer(nn.Module):
         dropout: on each sublayer's output. attention_dropout: on the attention weights.
         norm: "layernorm" or "rmsnorm". norm_position: "pre" or "post". norm_eps: the norm's ε.
         activation: "relu", "gelu" or "swiglu". bias: biases on projections and LayerNorm.
+        qkv_bias: biases on the query/key/value projections (None = bias; Qwen2 has them alone).
         impl: "sdpa" or "math". n_experts: 0 = dense FFN, else E experts with moe_top_k per token.
     """
 
     def __init__(self, d_model: int, n_heads: int, d_ff: int, n_kv_heads: int | None = None,
                  dropout: float = 0.0, attention_dropout: float = 0.0, norm: str = "layernorm",
                  norm_position: str = "pre", norm_eps: float = 1e-5, activation: str = "gelu",
-                 bias: bool = True, impl: str = "sdpa", n_experts: int = 0, moe_top_k: int = 2):
+                 bias: bool = True, impl: str = "sdpa", n_experts: int = 0, moe_top_k: int = 2,
+                 qkv_bias: bool | None = None):
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, n_heads, n_kv_heads, attention_dropout, bias, impl)
+        self.self_attn = MultiHeadAttention(d_model, n_heads, n_kv_heads, attention_dropout, bias, impl, qkv_bias)
         if n_experts:
             self.ffn = MixtureOfExperts(d_model, d_ff, n_experts, moe_top_k, activation, bias=bias)
         else:
@@ -129,13 +131,14 @@ class DecoderOnlyLayer(nn.Module):
         self.res_ffn = _Residual(d_model, dropout, norm_position, norm, norm_eps, bias)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, cache: KVCache | None = None,
-                rope: tuple[torch.Tensor, torch.Tensor] | None = None, need_weights: bool = False
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None, need_weights: bool = False,
+                is_causal: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Args:
             x: (B, T, D). mask: bool, broadcastable to (B, H, T, S), True = may attend (causal,
                 window and key padding), or None. cache: this layer's KV cache.
             rope: (cos, sin) of the new positions, or None (absolute positions were added to x).
             need_weights: also return the (B, H, T, S) attention weights (math path).
+            is_causal: mask is None and the attention is plain causal over x (no cache, no padding).
         Returns:
             (x (B, T, D), the MoE load-balancing loss () (0 for a dense FFN), weights or None).
         """
@@ -143,7 +146,8 @@ class DecoderOnlyLayer(nn.Module):
 
         def attend(h):
             nonlocal weights
-            out, weights = self.self_attn(h, mask=mask, cache=cache, rope=rope, need_weights=need_weights)
+            out, weights = self.self_attn(h, mask=mask, cache=cache, rope=rope, need_weights=need_weights,
+                                          is_causal=is_causal)
             return out
 
         aux = x.new_zeros(())
