@@ -33,9 +33,12 @@ def convert(source: str, out_dir: str | Path) -> dict:
 
         loaded = load_causal_lm(source)
         save_hf(loaded.model, out, loaded.tokenizer)
-        if loaded.chat_template:
-            config = {"chat_template": loaded.chat_template, **{f"{k}_token": v for k, v in loaded.special.items()}}
-            (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+        if loaded.chat_template:  # add the template to the tokenizer_config.json save_hf wrote
+            config_path = out / "tokenizer_config.json"
+            config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+            config.update({"chat_template": loaded.chat_template,
+                           **{f"{k}_token": v for k, v in loaded.special.items()}})
+            config_path.write_text(json.dumps(config, indent=2))
     arch = json.loads((out / "config.json").read_text()).get("architectures", ["?"])[0]
     return {"from": str(path), "to": str(out), "architecture": arch,
             "parameters": sum(p.numel() for p in loaded.model.parameters())}
