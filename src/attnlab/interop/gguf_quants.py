@@ -1,0 +1,98 @@
+"""Dequantizing GGUF tensors (llama.cpp's ggml types) to float32, in numpy.
+
+Shape legend: N elements of the tensor, NB blocks (N = 32 · NB), C the innermost (contiguous)
+dimension, ggml's ne0, which every block lies inside (C % 32 == 0).
+Block layouts (ggml-common.h `block_q8_0`, `block_q4_0`, `block_q4_1`); a block quantizes 32
+consecutive weights of one row, little-endian:
+    Q8_0  34 bytes: fp16 scale d, 32 int8 q                           w = q · d
+    Q4_0  18 bytes: fp16 scale d, 16 bytes of 4-bit q                  w = (q − 8) · d
+    Q4_1  20 bytes: fp16 scale d, fp16 minimum m, 16 bytes of 4-bit q  w = q · d + m
+In Q4_0 / Q4_1, byte j holds element j in its low nibble and element j + 16 in its high nibble.
+F32, F16 and BF16 are plain arrays (BF16: the top 16 bits of an fp32).
+Products and sums are taken in fp32 as separate operations, like gguf-py's reference (C builds of
+ggml may fuse q · d + m into one FMA, a last-bit difference).
+Source: ggml (llama.cpp) ggml-common.h and ggml-quants.c `dequantize_row_q8_0/q4_0/q4_1`; the GGUF
+specification (ggml docs/gguf.md).
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+BLOCK = 32  # weights per block of every quantized type here
+# ggml type id -> (name, bytes per block of 32, or bytes per element for the plain types)
+TYPES: dict[int, tuple[str, int]] = {0: ("F32", 4), 1: ("F16", 2), 30: ("BF16", 2),
+                                     8: ("Q8_0", 34), 2: ("Q4_0", 18), 3: ("Q4_1", 20)}
+PLAIN = ("F32", "F16", "BF16")
+
+
+def _type_name(ggml_type) -> str:
+    try:
+        from gguf import GGMLQuantizationType
+        return GGMLQuantizationType(int(ggml_type)).name
+    except (ImportError, ValueError):
+        return f"type {int(ggml_type)}"
+
+
+def _fp16(column: np.ndarray) -> np.ndarray:
+    """(NB, 2) uint8 -> (NB, 1) float32 from little-endian fp16."""
+    return np.ascontiguousarray(column).view("<f2").astype(np.float32)
+
+
+def _nibbles(qs: np.ndarray) -> np.ndarray:
+    """(NB, 16) uint8 -> (NB, 32) uint8: the low nibbles (elements 0..15), then the high (16..31)."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=1)
+
+
+def dequantize(raw: np.ndarray, ggml_type, shape: Sequence[int], name: str = "tensor") -> np.ndarray:
+    """Decode one GGUF tensor to float32.
+
+    Args:
+        raw: the tensor's bytes, as uint8 or as the typed array GGUFReader gives (float32 for F32,
+            float16 for F16, (rows, bytes per row) uint8 for the block types); any shape, C order.
+        ggml_type: an int or gguf.GGMLQuantizationType: F32, F16, BF16, Q8_0, Q4_0 or Q4_1.
+        shape: the shape to return, outermost first (PyTorch's order: ggml's ne reversed, so a
+            GGUF weight of ne [in, out] is (out, in)).
+        name: the tensor's name, for error messages.
+    Returns:
+        A float32 array of `shape` (a new array; the input is never written).
+    Raises:
+        ValueError: an unsupported type (naming the tensor and the type, listing the supported
+            ones), a last dimension that is not a multiple of 32 for a block type, or a byte
+            count that does not match the shape.
+    Source: ggml-quants.c `dequantize_row_*` (see the module doc).
+    """
+    code = int(ggml_type)
+    if code not in TYPES:
+        supported = ", ".join(n for n, _ in TYPES.values())
+        raise ValueError(f"{name}: GGUF tensor type {_type_name(code)} is not supported; "
+                         f"supported: {supported}")
+    kind, size = TYPES[code]
+    shape = tuple(int(n) for n in shape)
+    n = math.prod(shape)
+    data = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)  # (bytes,)
+    if kind not in PLAIN and (not shape or shape[-1] % BLOCK):
+        raise ValueError(f"{name}: a {kind} tensor needs a last dimension that is a multiple of "
+                         f"{BLOCK}, got shape {shape}")
+    expected = n * size if kind in PLAIN else n // BLOCK * size
+    if data.size != expected:
+        raise ValueError(f"{name}: {kind} tensor of shape {shape} needs {expected} bytes, "
+                         f"got {data.size}")
+    if kind == "F32":
+        return data.view("<f4").astype(np.float32).reshape(shape)
+    if kind == "F16":
+        return data.view("<f2").astype(np.float32).reshape(shape)
+    if kind == "BF16":
+        return (data.view("<u2").astype(np.uint32) << 16).view(np.float32).reshape(shape)
+    blocks = data.reshape(-1, size)  # (NB, bytes per block)
+    d = _fp16(blocks[:, 0:2])  # (NB, 1)
+    if kind == "Q8_0":
+        out = blocks[:, 2:].view(np.int8).astype(np.float32) * d  # (NB, 32)
+    elif kind == "Q4_0":
+        out = d * (_nibbles(blocks[:, 2:]).astype(np.int8) - np.int8(8)).astype(np.float32)
+    else:  # Q4_1
+        m = _fp16(blocks[:, 2:4])  # (NB, 1)
+        out = d * _nibbles(blocks[:, 4:]).astype(np.float32) + m
+    return out.reshape(shape)
