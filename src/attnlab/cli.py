@@ -12,9 +12,7 @@ import sys
 
 
 def _cmd_train(args) -> None:
-    from attnlab.lm import train_lm
     from attnlab.recipes import get_recipe
-    from attnlab.translation import train_translation
 
     recipe = get_recipe(args.recipe)
     budget = []
@@ -28,8 +26,7 @@ def _cmd_train(args) -> None:
     recipe = recipe.with_overrides(list(args.set) + budget)
     out = args.out or f"runs/{recipe.name}"
     try:
-        train = train_lm if recipe.kind == "language-model" else train_translation
-        result = train(recipe, out, resume=args.resume)
+        result = _trainer(recipe.kind)(recipe, out, resume=args.resume)
     except KeyboardInterrupt:
         print(f"attnlab: interrupted; continue with: attnlab train --recipe {recipe.name} --out {out} --resume",
               file=sys.stderr)
@@ -37,14 +34,34 @@ def _cmd_train(args) -> None:
     print(json.dumps(result))
 
 
+def _trainer(kind: str):
+    """The library function that trains a recipe of this kind."""
+    if kind == "language-model":
+        from attnlab.lm import train_lm
+        return train_lm
+    if kind == "bert":
+        from attnlab.text_classification import train_bert
+        return train_bert
+    if kind == "vit":
+        from attnlab.vision import train_vit
+        return train_vit
+    from attnlab.translation import train_translation
+    return train_translation
+
+
 def _cmd_evaluate(args) -> None:
     from pathlib import Path
 
     from attnlab.runs import model_type
 
-    if model_type(Path(args.model)) == "gpt":
+    kind = model_type(Path(args.model))
+    if kind == "gpt":
         from attnlab.lm import evaluate_lm
         print(json.dumps(evaluate_lm(args.model, args.split, args.limit)))
+        return
+    if kind == "bert":
+        from attnlab.text_classification import evaluate_bert
+        print(json.dumps(evaluate_bert(args.model, args.split, args.limit)))
         return
     from attnlab.translation import evaluate_translation
     print(json.dumps(evaluate_translation(args.model, args.split, args.limit, args.beam)))
@@ -169,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("attnlab: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader of stdout went away (e.g. `| head`): stop quietly
+        sys.stderr.close()
+        return 0
     except (ValueError, KeyError, OSError, ArithmeticError) as e:  # bad input: one line, no traceback
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"attnlab: error: {msg}", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""Command-line sub-commands that run models: generate, chat, embed, convert.
+"""Command-line sub-commands that run models: generate, chat, embed, classify, convert.
 
 Each is a thin call into the library (generate.generate, chat.Chat, embed.embed, interop).
 """
@@ -88,6 +88,30 @@ def _cmd_embed(args) -> None:
     print(json.dumps([[round(x, 7) for x in row] for row in vectors.tolist()]))
 
 
+def _cmd_classify(args) -> None:
+    from pathlib import Path
+
+    from attnlab.runs import model_type
+
+    kind = model_type(Path(args.model))
+    if kind == "vit":
+        from attnlab.vision import classify_images
+        if not args.inputs:
+            raise ValueError("give image files to classify")
+        results = classify_images(args.model, args.inputs)
+    elif kind == "bert":
+        from attnlab.text_classification import classify_texts
+        texts = [_check_text(t, f"argument {i + 1}") for i, t in enumerate(args.inputs)] if args.inputs \
+            else _stdin_lines()
+        if not texts or any(not t.strip() for t in texts):
+            raise ValueError("give at least one non-empty text (arguments, or one per stdin line)")
+        results = classify_texts(args.model, texts)
+    else:
+        raise ValueError(f"{args.model} is a {kind} model, not a classifier (sst2 / mnist-vit recipes)")
+    for label, probability in results:
+        print(f"{label}\t{probability:.4f}", flush=True)
+
+
 def _cmd_convert(args) -> None:
     from attnlab.interop.convert import convert
 
@@ -116,6 +140,12 @@ def add_model_parsers(sub) -> None:
     e.add_argument("--model", required=True, help="all-minilm-l6-v2 or a HF BERT directory")
     e.add_argument("text", nargs="*", help="texts (default: one per stdin line)")
     e.set_defaults(func=_cmd_embed)
+
+    k = sub.add_parser("classify", help="label and probability per input: texts for a text classifier (sst2), "
+                       "image files for a ViT")
+    k.add_argument("--model", required=True, help="a trained classifier run directory")
+    k.add_argument("inputs", nargs="*", help="texts (default: stdin lines) or image files")
+    k.set_defaults(func=_cmd_classify)
 
     v = sub.add_parser("convert", help="write a model (GGUF file, HF directory, our run directory) as a HF "
                        "directory that transformers loads")

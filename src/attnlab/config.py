@@ -244,6 +244,80 @@ class BertConfig(_Config):
 
 
 @dataclass
+class ViTConfig(_Config):
+    """The Vision Transformer (Dosovitskiy et al. 2021): P×P patches, [CLS], learned positions, Pre-LN."""
+
+    image_size: int = 224             # training image side (square); other sizes interpolate positions
+    patch_size: int = 16              # P; image_size % patch_size == 0
+    in_channels: int = 3              # C (1 for MNIST)
+    n_classes: int = 1000             # classes of the head
+    d_model: int = 768                # hidden size D
+    n_layers: int = 12                # encoder layers
+    n_heads: int = 12                 # attention heads; d_model % n_heads == 0
+    d_ff: Optional[int] = None        # MLP hidden size; None = 4 * d_model
+    dropout: float = 0.0              # on embeddings and sublayer outputs
+    attention_dropout: float = 0.0    # on attention weights
+    norm_eps: float = 1e-6            # LayerNorm ε (ViT's)
+    attention_impl: Literal["sdpa", "math"] = "sdpa"  # fused kernel or explicit math
+
+    def __post_init__(self):
+        if self.d_ff is None:
+            self.d_ff = 4 * self.d_model
+        _check_literals(self)
+        for name in ("image_size", "patch_size", "in_channels", "n_classes", "d_model", "n_layers", "n_heads", "d_ff"):
+            value = getattr(self, name)
+            _check(isinstance(value, int) and value > 0, name, "a positive integer", value)
+        _check(self.image_size % self.patch_size == 0, "image_size", f"divisible by patch_size={self.patch_size}",
+               self.image_size)
+        _check(self.d_model % self.n_heads == 0, "d_model", f"divisible by n_heads={self.n_heads}", self.d_model)
+        for name in ("dropout", "attention_dropout"):
+            _check(0.0 <= getattr(self, name) < 1.0, name, "in [0, 1)", getattr(self, name))
+
+    @property
+    def grid(self) -> int:
+        """Patches per side at the training size."""
+        return self.image_size // self.patch_size
+
+
+@dataclass
+class ImageDataConfig(_Config):
+    """Which images an image-classification recipe trains on, its split and augmentation."""
+
+    dataset: Literal["mnist", "digits"] = "mnist"  # data set name (data/datasets.py)
+    n_train: int = 8000               # images for training (seeded split of the data set)
+    n_test: int = 2000                # held-out images for evaluation
+    batch_size: int = 128             # images per batch
+    max_shift: int = 0                # random translation augmentation, in pixels (0 = none)
+
+    def __post_init__(self):
+        _check_literals(self)
+        for name in ("n_train", "n_test", "batch_size"):
+            _check(getattr(self, name) >= 1, name, ">= 1", getattr(self, name))
+        _check(self.max_shift >= 0, "max_shift", ">= 0", self.max_shift)
+
+
+@dataclass
+class TextClassificationDataConfig(_Config):
+    """Which sentences a text-classification (or masked-LM) recipe trains on and how it tokenizes."""
+
+    objective: Literal["classification", "mlm"] = "classification"  # fine-tune a classifier, or pretrain (MLM)
+    dataset: Literal["sst2"] = "sst2"  # labelled sentences (data/datasets.py); dev is the evaluation split
+    tokenizer_vocab_size: int = 8000  # WordPiece vocabulary trained from the text (models from scratch)
+    max_len: int = 64                 # longer sentences are truncated (with a warning at inference)
+    batch_size: int = 32              # sentences per batch
+    mlm_probability: float = 0.15     # masked-LM pretraining: share of eligible tokens chosen (BERT §3.1)
+    n_train: Optional[int] = None     # use only the first N training sentences (None = all)
+
+    def __post_init__(self):
+        _check_literals(self)
+        _check(self.tokenizer_vocab_size >= 100, "tokenizer_vocab_size", ">= 100", self.tokenizer_vocab_size)
+        for name in ("max_len", "batch_size"):
+            _check(getattr(self, name) >= 2, name, ">= 2", getattr(self, name))
+        _check(0.0 < self.mlm_probability < 1.0, "mlm_probability", "in (0, 1)", self.mlm_probability)
+        _check(self.n_train is None or self.n_train >= 1, "n_train", "None or >= 1", self.n_train)
+
+
+@dataclass
 class TextDataConfig(_Config):
     """The text a language-model recipe trains on, its tokenizer and its batches."""
 
@@ -313,6 +387,8 @@ class TrainConfig(_Config):
     beam_size: int = 4                # beam width for final evaluation / translation (paper §6.1)
     length_penalty: float = 0.6       # α of the GNMT length penalty (paper §6.1)
     autocast: Literal["none", "bf16"] = "none"  # bf16 autocast for matmuls (CPU with AVX512-BF16)
+    init: Optional[str] = None        # start from these weights: a run directory or a pretrained model name
+                                      # (e.g. all-minilm-l6-v2); None or "none" = random initialisation
     seed: int = 0                     # seeds the data order, initialisation and dropout
     threads: int = 0                  # torch threads; 0 = all cores
 

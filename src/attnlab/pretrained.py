@@ -64,6 +64,9 @@ def load_encoder(name_or_path: str) -> Loaded:
     from attnlab.models.bert import Bert
 
     path = resolve(name_or_path)
+    if path.is_file():
+        raise ValueError(f"{name_or_path} is a single-file (GGUF) language model; this needs a BERT encoder "
+                         f"directory such as all-minilm-l6-v2")
     config = _read_config(path)
     if config.get("model_type") != "bert":
         raise ValueError(f"{path}: model_type {config.get('model_type')!r} is not an encoder this loads (bert)")

@@ -47,20 +47,22 @@ def read_run_config(path: Path, model_type: str | None = None) -> dict:
     return saved
 
 
-def check_model_dir(path: Path) -> None:
-    """Raise FileNotFoundError naming what is missing unless `path` is a trained model directory."""
+def check_model_dir(path: Path, files: tuple[str, ...] = ("config.json", "model.safetensors", "tokenizer.json")
+                    ) -> None:
+    """Raise FileNotFoundError naming what is missing unless `path` is a trained model directory
+    holding `files`."""
     if not path.is_dir():
         raise FileNotFoundError(f"{path} is not a directory (expected a trained model directory)")
     if (path / "config.json").is_file() and not (path / "model.safetensors").is_file() \
             and (path / CHECKPOINT_DIR).is_dir():
         raise FileNotFoundError(f"{path} has no evaluated weights yet (model.safetensors is written at the first "
                                 f"evaluation); continue training it with: attnlab train --recipe RECIPE --out {path} --resume")
-    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+    for name in files:
         if not (path / name).is_file():
             raise FileNotFoundError(f"{path} is not a trained model directory: {name} is missing")
 
 
 def model_type(path: Path) -> str:
-    """The model_type of the trained model directory `path` ("seq2seq", "gpt", ...)."""
-    check_model_dir(path)
+    """The model_type of the trained model directory `path` ("seq2seq", "gpt", "bert", "vit")."""
+    check_model_dir(path, ("config.json", "model.safetensors"))
     return str(read_json(path / "config.json").get("model_type"))

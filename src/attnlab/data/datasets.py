@@ -49,7 +49,25 @@ _TINY_SHAKESPEARE = RemoteFile(
     "input.txt", f"https://github.com/karpathy/char-rnn/raw/{_CHAR_RNN_COMMIT}/data/tinyshakespeare/input.txt",
     "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed", gzipped=False)
 
+_MNIST_URL = "https://github.com/lijie2020/vae/raw/6aa58aba724f46dba967fc7058945941d171d433/data/MNIST/MNIST/raw/{}"
+_MNIST = {  # kept gzipped: the sha256 is of the .gz file
+    "t10k-images-idx3-ubyte.gz": "8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6",
+    "t10k-labels-idx1-ubyte.gz": "f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6",
+}
+_SST2_URL = ("https://github.com/brunnurs/binary-classification-bert/raw/35e1628db50472679176dd31b992534a3866a86e/"
+             "data/SST2/{}")
+_SST2 = {
+    "train.tsv": "5c47819a1d04cfabc7afcc79a919c97b0b367101ad42d3ff148d67bf501384c2",
+    "dev.tsv": "54a9c12c77e402fc14d6a66a506f24d999f596b0176eb777c972cccc2f9cc4b0",
+}
+_DIGITS = RemoteFile(  # scikit-learn's package data, decompressed
+    "digits.csv", "https://github.com/scikit-learn/scikit-learn/raw/1.5.2/sklearn/datasets/data/digits.csv.gz",
+    "6ebb3d2fee246a4e99363262ddf8a00a3c41bee6014c373ed9d9216ba7f651b8")
+
 DATASETS: dict[str, dict[str, RemoteFile]] = {
+    "mnist": {n: RemoteFile(n, _MNIST_URL.format(n), sha, gzipped=False) for n, sha in _MNIST.items()},
+    "sst2": {n: RemoteFile(n, _SST2_URL.format(n), sha, gzipped=False) for n, sha in _SST2.items()},
+    "digits": {"digits.csv": _DIGITS},
     "multi30k": {n: RemoteFile(n, _MULTI30K_URL.format(n), sha) for n, sha in _MULTI30K_SHA.items()},
     "tinyshakespeare": {"input.txt": _TINY_SHAKESPEARE},
 }

@@ -4,22 +4,24 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from attnlab.config import GPTConfig, Seq2SeqConfig, TextDataConfig, TrainConfig, TranslationDataConfig, parse_value
-from attnlab.recipes import multi30k_en_de, shakespeare_bpe, shakespeare_char
+from attnlab.config import (BertConfig, GPTConfig, ImageDataConfig, Seq2SeqConfig, TextClassificationDataConfig,
+                            TextDataConfig, TrainConfig, TranslationDataConfig, ViTConfig, parse_value)
+from attnlab.recipes import bert, multi30k_en_de, shakespeare_bpe, shakespeare_char
 
 
 @dataclass
 class Recipe:
     name: str
     description: str
-    model: Seq2SeqConfig | GPTConfig
-    data: TranslationDataConfig | TextDataConfig
+    model: Seq2SeqConfig | GPTConfig | BertConfig | ViTConfig
+    data: TranslationDataConfig | TextDataConfig | TextClassificationDataConfig | ImageDataConfig
     train: TrainConfig
 
     @property
     def kind(self) -> str:
-        """"translation" (encoder–decoder) or "language-model" (decoder-only)."""
-        return "language-model" if isinstance(self.model, GPTConfig) else "translation"
+        """"translation" (encoder–decoder), "language-model" (decoder-only), "bert" or "vit"."""
+        kinds = {GPTConfig: "language-model", BertConfig: "bert", ViTConfig: "vit", Seq2SeqConfig: "translation"}
+        return kinds[type(self.model)]
 
     def with_overrides(self, assignments: list[str]) -> "Recipe":
         """Apply `key=value` strings to whichever config has the field `key`.
@@ -48,7 +50,10 @@ class Recipe:
 RECIPES = {multi30k_en_de.NAME: multi30k_en_de.recipe,
            shakespeare_char.NAME: shakespeare_char.recipe,
            shakespeare_char.LLAMA_NAME: shakespeare_char.llama_recipe,
-           shakespeare_bpe.NAME: shakespeare_bpe.recipe}
+           shakespeare_bpe.NAME: shakespeare_bpe.recipe,
+           bert.MLM_NAME: bert.mlm_recipe,
+           bert.SST2_NAME: bert.sst2_recipe,
+           bert.MINILM_NAME: bert.minilm_recipe}
 
 
 def get_recipe(name: str) -> Recipe:
