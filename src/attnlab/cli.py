@@ -63,6 +63,10 @@ def _cmd_evaluate(args) -> None:
         from attnlab.text_classification import evaluate_bert
         print(json.dumps(evaluate_bert(args.model, args.split, args.limit)))
         return
+    if kind == "vit":
+        from attnlab.vision import evaluate_vit
+        print(json.dumps(evaluate_vit(args.model, args.split, args.limit)))
+        return
     from attnlab.translation import evaluate_translation
     print(json.dumps(evaluate_translation(args.model, args.split, args.limit, args.beam)))
 
@@ -147,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train", help="train a recipe into a run directory")
     t.add_argument("--recipe", required=True, help="recipe name: multi30k-en-de, shakespeare-char, "
-                   "shakespeare-char-llama, shakespeare-bpe")
+                   "shakespeare-char-llama, shakespeare-bpe, bert-mlm, sst2, sst2-minilm, mnist-vit, digits-vit")
     t.add_argument("--minutes", type=_positive_float, help="wall-clock budget (total, across resumes)")
     t.add_argument("--steps", type=_positive_int, help="optimizer-step budget (total, across resumes)")
     t.add_argument("--out", help="run directory (default runs/RECIPE)")

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from attnlab.config import (BertConfig, GPTConfig, ImageDataConfig, Seq2SeqConfig, TextClassificationDataConfig,
                             TextDataConfig, TrainConfig, TranslationDataConfig, ViTConfig, parse_value)
-from attnlab.recipes import bert, multi30k_en_de, shakespeare_bpe, shakespeare_char
+from attnlab.recipes import bert, digits_vit, mnist_vit, multi30k_en_de, shakespeare_bpe, shakespeare_char
 
 
 @dataclass
@@ -53,7 +53,9 @@ RECIPES = {multi30k_en_de.NAME: multi30k_en_de.recipe,
            shakespeare_bpe.NAME: shakespeare_bpe.recipe,
            bert.MLM_NAME: bert.mlm_recipe,
            bert.SST2_NAME: bert.sst2_recipe,
-           bert.MINILM_NAME: bert.minilm_recipe}
+           bert.MINILM_NAME: bert.minilm_recipe,
+           mnist_vit.NAME: mnist_vit.recipe,
+           digits_vit.NAME: digits_vit.recipe}
 
 
 def get_recipe(name: str) -> Recipe:
