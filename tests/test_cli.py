@@ -88,7 +88,7 @@ def test_existing_run_is_not_overwritten(trained, capsys):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["train", "--recipe", "nope"], "known recipes: multi30k-en-de"),
+    (["train", "--recipe", "nope"], "known recipes: bert-mlm, digits-vit, mnist-vit, multi30k-en-de"),
     (["train", "--recipe", "multi30k-en-de", "--set", "d_modle=3"], "unknown setting 'd_modle'"),
     (["train", "--recipe", "multi30k-en-de", "--set", "norm_position=middle"], "norm_position must be one of"),
     (["train", "--recipe", "multi30k-en-de", "--set", "d_model=abc"], "d_model must be int"),
