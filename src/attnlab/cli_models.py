@@ -61,10 +61,13 @@ def _cmd_chat(args) -> None:
     while True:
         if interactive:
             print("> ", end="", file=sys.stderr, flush=True)
-        line = sys.stdin.readline()
-        if not line:
+        raw = sys.stdin.buffer.readline()
+        if not raw:
             break
-        text = line.strip()
+        try:
+            text = raw.decode("utf-8").strip()
+        except UnicodeDecodeError as e:
+            raise ValueError(f"stdin line is not valid UTF-8 (byte offset {e.start})") from None
         if text == "/exit":
             break
         if text == "/reset":
@@ -81,9 +84,7 @@ def _cmd_embed(args) -> None:
     from attnlab.embed import embed
     from attnlab.pretrained import load_encoder
 
-    texts = [_check_text(t, f"argument {i + 1}") for i, t in enumerate(args.text)] if args.text else _stdin_lines()
-    if not texts or any(not t.strip() for t in texts):
-        raise ValueError("give at least one non-empty text (arguments, or one per stdin line)")
+    texts = _texts(args.text)
     vectors = embed(load_encoder(args.model), texts)
     print(json.dumps([[round(x, 7) for x in row] for row in vectors.tolist()]))
 
@@ -101,15 +102,24 @@ def _cmd_classify(args) -> None:
         results = classify_images(args.model, args.inputs)
     elif kind == "bert":
         from attnlab.text_classification import classify_texts
-        texts = [_check_text(t, f"argument {i + 1}") for i, t in enumerate(args.inputs)] if args.inputs \
-            else _stdin_lines()
-        if not texts or any(not t.strip() for t in texts):
-            raise ValueError("give at least one non-empty text (arguments, or one per stdin line)")
+        texts = _texts(args.inputs)
         results = classify_texts(args.model, texts)
     else:
         raise ValueError(f"{args.model} is a {kind} model, not a classifier (sst2 / mnist-vit recipes)")
     for label, probability in results:
         print(f"{label}\t{probability:.4f}", flush=True)
+
+
+def _texts(arguments: list[str]) -> list[str]:
+    """The texts of the arguments, or else of stdin's lines; an empty one is refused by position."""
+    where = "argument" if arguments else "stdin line"
+    texts = [_check_text(t, f"argument {i + 1}") for i, t in enumerate(arguments)] if arguments else _stdin_lines()
+    if not texts:
+        raise ValueError("give at least one text (arguments, or one per stdin line)")
+    empty = [i + 1 for i, t in enumerate(texts) if not t.strip()]
+    if empty:
+        raise ValueError(f"{where} {empty[0]} is empty; every {where.split()[-1]} must hold some text")
+    return texts
 
 
 def _cmd_convert(args) -> None:
@@ -154,6 +164,15 @@ def add_model_parsers(sub) -> None:
     v.set_defaults(func=_cmd_convert)
 
 
+def _seed(text: str) -> int:
+    import argparse
+
+    value = int(text)
+    if not 0 <= value < 2 ** 63:
+        raise argparse.ArgumentTypeError(f"must be in 0 .. 2**63 - 1, got {value}")
+    return value
+
+
 def _sampling_args(p, temperature: float, default_new: int | None = None) -> None:
     p.add_argument("--max-new-tokens", type=_positive_int, default=default_new,
                    help="tokens to generate (default: up to 200 within the context)" if default_new is None
@@ -162,4 +181,4 @@ def _sampling_args(p, temperature: float, default_new: int | None = None) -> Non
                    help=f"0 = greedy (default {temperature})")
     p.add_argument("--top-k", type=_positive_int, help="sample among the K most probable tokens")
     p.add_argument("--top-p", type=_probability, help="sample from the smallest set holding probability P")
-    p.add_argument("--seed", type=int, help="seed for reproducible sampling")
+    p.add_argument("--seed", type=_seed, help="seed for reproducible sampling (0 .. 2**63 - 1)")

@@ -231,6 +231,7 @@ class BertConfig(_Config):
             _check(isinstance(value, int) and value > 0, name, "a positive integer", value)
         _check(self.d_model % self.n_heads == 0, "d_model", f"divisible by n_heads={self.n_heads}", self.d_model)
         _check(self.norm_eps > 0, "norm_eps", "> 0", self.norm_eps)
+        _check(self.n_labels >= 2, "n_labels", ">= 2 (a classifier needs two classes or more)", self.n_labels)
         for name in ("dropout", "attention_dropout"):
             _check(0.0 <= getattr(self, name) < 1.0, name, "in [0, 1)", getattr(self, name))
         for name in ("pad_id", "cls_id", "sep_id", "mask_id"):

@@ -14,7 +14,7 @@ from attnlab.config import GPTConfig, TextDataConfig, TrainConfig
 from attnlab.data.text import TokenStream, char_tokenizer, read_text, split_text
 from attnlab.jsonfile import write_json_atomic
 from attnlab.models.gpt import GPT
-from attnlab.runs import check_model_dir, check_out_dir, read_run_config
+from attnlab.runs import check_model_dir, check_out_dir, check_resume_recipe, read_run_config
 from attnlab.tokenizers import ByteLevelBPE
 from attnlab.train.checkpoint import load_weights
 from attnlab.train.lm_task import LanguageModelTask
@@ -66,7 +66,8 @@ def train_lm(recipe, out: str | Path, resume: bool = False) -> dict:
     out = Path(out)
     check_out_dir(out, resume)
     if resume:
-        _, model_cfg, data_cfg, saved_train = _saved_configs(out)
+        saved, model_cfg, data_cfg, saved_train = _saved_configs(out)
+        check_resume_recipe(saved, recipe.name, out)
         train_cfg = TrainConfig.from_dict({**saved_train, "max_steps": recipe.train.max_steps,
                                            "minutes": recipe.train.minutes})
     else:

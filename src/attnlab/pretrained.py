@@ -70,6 +70,11 @@ def load_encoder(name_or_path: str) -> Loaded:
     config = _read_config(path)
     if config.get("model_type") != "bert":
         raise ValueError(f"{path}: model_type {config.get('model_type')!r} is not an encoder this loads (bert)")
+    if isinstance(config.get("model"), dict):  # one of our BERT runs (bert-mlm, sst2, ...)
+        from attnlab.text_classification import load_bert_run
+
+        model, tokenizer, _ = load_bert_run(path)
+        return Loaded(model, tokenizer, "encoder", path, max_seq_len=model.cfg.max_seq_len)
     if not (path / "tokenizer.json").is_file():
         raise FileNotFoundError(f"{path} has no tokenizer.json")
     tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))

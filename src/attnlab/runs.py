@@ -32,6 +32,13 @@ def check_out_dir(out: Path, resume: bool) -> None:
         raise FileExistsError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
 
 
+def check_resume_recipe(saved: dict, recipe_name: str, out: Path) -> None:
+    """Refuse to resume a run under a recipe other than the one it was trained with."""
+    if saved.get("recipe") not in (None, recipe_name):
+        raise ValueError(f"{out} was trained with recipe {saved['recipe']!r}, not {recipe_name!r}; resume it with "
+                         f"--recipe {saved['recipe']}")
+
+
 def read_run_config(path: Path, model_type: str | None = None) -> dict:
     """The config.json of run directory `path`, checked for its sections (and its model_type).
 

@@ -13,7 +13,7 @@ from attnlab.data.classification import SST2_LABELS, read_sst2
 from attnlab.data.wordpiece import encode_sentences, pretraining_sentences, train_wordpiece
 from attnlab.jsonfile import write_json_atomic
 from attnlab.models.bert import Bert
-from attnlab.runs import check_model_dir, check_out_dir, read_run_config
+from attnlab.runs import check_model_dir, check_out_dir, check_resume_recipe, read_run_config
 from attnlab.train.bert_tasks import MaskedLMTask, SentenceClassificationTask
 from attnlab.train.checkpoint import load_weights
 from attnlab.train.loop import Trainer
@@ -42,6 +42,11 @@ def _initial_model(recipe, train_cfg: TrainConfig, data_cfg: TextClassificationD
         torch.manual_seed(train_cfg.seed)
         return Bert(cfg), tok, None
     path = Path(init)
+    from attnlab.pretrained import NAMED
+
+    if init not in NAMED and not path.exists():
+        raise FileNotFoundError(f"init={init}: no such run or model; train it first (e.g. attnlab train --recipe "
+                                f"bert-mlm --out {init}), or --set init=all-minilm-l6-v2 | none")
     if path.is_dir() and (path / "config.json").is_file() and read_run_config(path).get("model_type") == "bert":
         model, tok, _ = load_bert_run(path)  # one of our runs, e.g. runs/bert-mlm
         source = path / "tokenizer.json"
@@ -72,6 +77,7 @@ def train_bert(recipe, out: str | Path, resume: bool = False) -> dict:
     check_out_dir(out, resume)
     if resume:
         saved = read_run_config(out, "bert")
+        check_resume_recipe(saved, recipe.name, out)
         cfg, data_cfg = BertConfig.from_dict(saved["model"]), TextClassificationDataConfig.from_dict(saved["data"])
         train_cfg = TrainConfig.from_dict({**saved["train"], "max_steps": recipe.train.max_steps,
                                            "minutes": recipe.train.minutes})

@@ -12,7 +12,7 @@ from attnlab.data.translation import ParallelCorpus, read_parallel
 from attnlab.models.seq2seq import Seq2SeqTransformer
 from attnlab.tokenizers import ByteLevelBPE
 from attnlab.jsonfile import write_json_atomic
-from attnlab.runs import check_model_dir, check_out_dir, read_run_config
+from attnlab.runs import check_model_dir, check_out_dir, check_resume_recipe, read_run_config
 from attnlab.train.checkpoint import load_weights
 from attnlab.train.loop import Trainer
 from attnlab.train.translation_task import TranslationTask, corpus_bleu, decode_corpus
@@ -50,7 +50,8 @@ def train_translation(recipe, out: str | Path, resume: bool = False) -> dict:
     out = Path(out)
     check_out_dir(out, resume)
     if resume:
-        _, model_cfg, data_cfg, saved_train = _saved_configs(out)
+        saved, model_cfg, data_cfg, saved_train = _saved_configs(out)
+        check_resume_recipe(saved, recipe.name, out)
         train_cfg = TrainConfig.from_dict({**saved_train, "max_steps": recipe.train.max_steps,
                                            "minutes": recipe.train.minutes})
         tokenizer = ByteLevelBPE.load(out / "tokenizer.json")

@@ -16,7 +16,7 @@ from attnlab.config import ImageDataConfig, TrainConfig, ViTConfig
 from attnlab.data.images import SPLIT_SEED, load_images, normalization, normalize, read_image_file, split
 from attnlab.jsonfile import write_json_atomic
 from attnlab.models.vit import VisionTransformer
-from attnlab.runs import check_out_dir, read_run_config
+from attnlab.runs import check_out_dir, check_resume_recipe, read_run_config
 from attnlab.train.checkpoint import load_weights
 from attnlab.train.image_task import ImageClassificationTask
 from attnlab.train.loop import CHECKPOINT_DIR, Trainer
@@ -82,6 +82,7 @@ def train_vit(recipe, out: str | Path, resume: bool = False) -> dict:
     check_out_dir(out, resume)
     if resume:
         saved, model_cfg, data_cfg, saved_train = _saved_configs(out)
+        check_resume_recipe(saved, recipe.name, out)
         train_cfg = TrainConfig.from_dict({**saved_train, "max_steps": recipe.train.max_steps,
                                            "minutes": recipe.train.minutes})
         split_seed = saved.get("split_seed", SPLIT_SEED)

@@ -226,3 +226,21 @@ def test_load_hf_lists_missing_and_misshaped_tensors(tmp_path):
     assert "missing tensors: model.layers.1.mlp.up_proj.weight (64, 32)" in message
     assert "model.layers.0.self_attn.k_proj.weight is (8, 32), config.json needs (16, 32)" in message
     assert "unexpected tensors: model.layers.0.extra.weight (3,)" in message
+
+
+def test_a_bias_free_gpt2_style_model_exports_with_zero_biases(tmp_path):
+    """Regression: nanoGPT-style runs (bias=False) were refused by convert; GPT-2 has every bias, and
+    zero biases compute exactly the same."""
+    transformers = pytest.importorskip("transformers")
+    from attnlab.config import GPTConfig
+    from attnlab.interop.hf import save_hf
+    from attnlab.models.gpt import GPT
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_name("gpt2", vocab_size=50, d_model=32, n_heads=4, n_layers=2, max_seq_len=16,
+                                    bias=False)).eval()
+    save_hf(model, tmp_path / "hf")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    ids = torch.randint(0, 50, (2, 10))
+    with torch.no_grad():
+        assert (hf(ids).logits - model(ids).logits).abs().max() < 1e-5

@@ -146,6 +146,20 @@ def _tokenizer_config(tokenizer, cfg) -> dict:
     return out
 
 
+def _with_zero_biases(model: GPT, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`state` plus a zero bias for every bias-free linear layer (but the output projection) and
+    LayerNorm: GPT-2's form of a model trained with bias=False, computing exactly the same."""
+    state = dict(state)
+    for name, module in model.named_modules():
+        if name == "lm_head":
+            continue
+        if isinstance(module, torch.nn.Linear) and module.bias is None:
+            state[f"{name}.bias"] = torch.zeros(module.out_features, dtype=module.weight.dtype)
+        elif isinstance(module, torch.nn.LayerNorm) and module.bias is None:
+            state[f"{name}.bias"] = torch.zeros(module.normalized_shape, dtype=module.weight.dtype)
+    return state
+
+
 def save_hf(model: GPT, out_dir, tokenizer=None) -> None:
     """Write a GPT as a Hugging Face model directory: config.json and model.safetensors (plus
     tokenizer.json and tokenizer_config.json when a tokenizer is given), atomically.
@@ -170,7 +184,10 @@ def save_hf(model: GPT, out_dir, tokenizer=None) -> None:
     if tokenizer is not None and tokenizer.vocab_size > cfg.vocab_size:
         raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is "
                          f"{cfg.vocab_size}")
-    tensors = {k: v.cpu() for k, v in to_hf(hf["architectures"][0], model.state_dict(), cfg.tie_embeddings).items()}
+    state = model.state_dict()
+    if hf["architectures"][0] == "GPT2LMHeadModel" and not cfg.bias:
+        state = _with_zero_biases(model, state)
+    tensors = {k: v.cpu() for k, v in to_hf(hf["architectures"][0], state, cfg.tie_embeddings).items()}
     out = Path(out_dir)
     _check_replaceable(out)
     out.parent.mkdir(parents=True, exist_ok=True)

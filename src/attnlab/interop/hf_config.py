@@ -194,8 +194,10 @@ def architecture_for(cfg: GPTConfig) -> str:
         if style[1:] != ("layernorm", False):
             no(f"learned positions with norm={cfg.norm!r}, activation={cfg.activation!r} (GPT-2 needs "
                f"layernorm and relu/gelu/gelu_tanh)")
-        for ok, what in ((cfg.bias and qkv_bias, f"bias={cfg.bias}, qkv_bias={cfg.qkv_bias} with learned "
-                                                 f"positions (GPT-2 has every bias)"),
+        # GPT-2 has every bias: a model without biases is written with zero ones (exact); only a
+        # mix of q/k/v biases and no others has no GPT-2 form.
+        for ok, what in ((cfg.bias == qkv_bias, f"bias={cfg.bias}, qkv_bias={cfg.qkv_bias} with learned "
+                                                f"positions (GPT-2 has all biases or, written as zeros, none)"),
                          (cfg.n_kv_heads == cfg.n_heads, f"n_kv_heads={cfg.n_kv_heads} (GQA) with learned positions"),
                          (cfg.sliding_window is None, f"sliding_window={cfg.sliding_window} with learned positions"),
                          (cfg.n_experts == 0, f"n_experts={cfg.n_experts} with learned positions")):

@@ -16,6 +16,8 @@ from attnlab.nn.blocks import EncoderLayer
 
 
 def _check_divisible(h: int, w: int, patch_size: int) -> None:
+    if h <= 0 or w <= 0:
+        raise ValueError(f"image size {h}×{w} is empty (at least one {patch_size}×{patch_size} patch is needed)")
     if h % patch_size or w % patch_size:
         raise ValueError(f"image size {h}×{w} is not divisible by patch_size {patch_size}")
 

@@ -12,6 +12,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 
+from attnlab.jsonfile import read_json
+
 
 def _replace(tmp: str, path: Path) -> None:
     os.chmod(tmp, 0o644)  # mkstemp makes 0600; these are ordinary files
@@ -89,13 +91,21 @@ def load_training_state(folder: Path, model: torch.nn.Module, optimizer: torch.o
     folder = Path(folder)
     if not (folder / "state.json").is_file():
         raise FileNotFoundError(f"no checkpoint to resume from at {folder}")
-    state = json.loads((folder / "state.json").read_text())
+    state = read_json(folder / "state.json")
     load_weights(model, folder / "model.safetensors")
-    tensors = load_file(str(folder / "optimizer.safetensors"))
+    tensors = _read_safetensors(folder / "optimizer.safetensors")
     per_param: dict[int, dict] = {}
     for key, value in tensors.items():
         idx, name = key.split(".", 1)
         per_param.setdefault(int(idx), {})[name] = value
     optimizer.load_state_dict({"state": per_param, "param_groups": state["optimizer"]["param_groups"]})
-    torch.set_rng_state(load_file(str(folder / "rng.safetensors"))["torch"])
+    torch.set_rng_state(_read_safetensors(folder / "rng.safetensors")["torch"])
     return state
+
+
+def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a checkpoint file; a missing or damaged one is named in a ValueError."""
+    try:
+        return load_file(str(path))
+    except Exception as e:  # safetensors raises its own error type for a damaged header
+        raise ValueError(f"{path} is not a readable safetensors file ({e}); the checkpoint is damaged") from None
