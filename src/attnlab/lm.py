@@ -12,13 +12,12 @@ import torch
 
 from attnlab.config import GPTConfig, TextDataConfig, TrainConfig
 from attnlab.data.text import TokenStream, char_tokenizer, read_text, split_text
-from attnlab.jsonfile import write_json_atomic
 from attnlab.models.gpt import GPT
-from attnlab.runs import check_model_dir, check_out_dir, check_resume_recipe, read_run_config
+from attnlab.runs import (check_model_dir, check_out_dir, check_resume_recipe, fit,
+                          read_run_config, resumed_train_config, start_run_dir)
 from attnlab.tokenizers import ByteLevelBPE
 from attnlab.train.checkpoint import load_weights
 from attnlab.train.lm_task import LanguageModelTask
-from attnlab.train.loop import Trainer
 
 log = logging.getLogger("attnlab")
 
@@ -68,8 +67,7 @@ def train_lm(recipe, out: str | Path, resume: bool = False) -> dict:
     if resume:
         saved, model_cfg, data_cfg, saved_train = _saved_configs(out)
         check_resume_recipe(saved, recipe.name, out)
-        train_cfg = TrainConfig.from_dict({**saved_train, "max_steps": recipe.train.max_steps,
-                                           "minutes": recipe.train.minutes})
+        train_cfg = resumed_train_config(saved_train, recipe)
     else:
         model_cfg, data_cfg, train_cfg = recipe.model, recipe.data, recipe.train
     if data_cfg.block_size > model_cfg.max_seq_len:
@@ -90,20 +88,12 @@ def train_lm(recipe, out: str | Path, resume: bool = False) -> dict:
     torch.manual_seed(train_cfg.seed)
     model = GPT(model_cfg)
     if not resume:  # every setting has been checked: now the run directory is written
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "metrics.jsonl").unlink(missing_ok=True)
+        start_run_dir(out, {"model_type": "gpt", "recipe": recipe.name, "model": model_cfg.to_dict(),
+                            "data": data_cfg.to_dict(), "train": train_cfg.to_dict()})
         tokenizer.save(out / "tokenizer.json")
-        write_json_atomic(out / "config.json", {"model_type": "gpt", "recipe": recipe.name, "model": model_cfg.to_dict(),
-                                                 "data": data_cfg.to_dict(), "train": train_cfg.to_dict()})
-    trainer = Trainer(model, task, train_cfg, out, model_cfg.d_model)
-    if resume:
-        trainer.resume()
     log.info("model: %.2fM parameters; %d training tokens, %d validation tokens", model.num_parameters() / 1e6,
              len(train), len(val))
-    record = trainer.fit()
-    s = trainer.state
-    return {**record, "parameters": model.num_parameters(), "steps": s["step"],
-            "tokens_per_s": round(s["tokens"] / max(s["elapsed_s"], 1e-9), 1)}
+    return fit(model, task, train_cfg, out, resume)
 
 
 def load_lm(path: str | Path) -> tuple[GPT, ByteLevelBPE, dict]:

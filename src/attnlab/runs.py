@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from attnlab.jsonfile import read_json
-from attnlab.train.loop import CHECKPOINT_DIR
+from attnlab.jsonfile import read_json, write_json_atomic
+from attnlab.train.loop import CHECKPOINT_DIR, Trainer
 
 
 def has_run(out: Path) -> bool:
@@ -73,3 +73,31 @@ def model_type(path: Path) -> str:
     """The model_type of the trained model directory `path` ("seq2seq", "gpt", "bert", "vit")."""
     check_model_dir(path, ("config.json", "model.safetensors"))
     return str(read_json(path / "config.json").get("model_type"))
+
+
+def resumed_train_config(saved_train: dict, recipe):
+    """A resumed run's TrainConfig: its saved settings with the budgets (totals) of `recipe.train`."""
+    from attnlab.config import TrainConfig
+
+    return TrainConfig.from_dict({**saved_train, "max_steps": recipe.train.max_steps, "minutes": recipe.train.minutes})
+
+
+def start_run_dir(out: Path, config: dict) -> None:
+    """Create a new run directory with its config.json (a stale metrics.jsonl is removed). Call it only
+    once every setting has been checked, so that a refused run writes nothing."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.jsonl").unlink(missing_ok=True)
+    write_json_atomic(out / "config.json", config)
+
+
+def fit(model, task, train_cfg, out: Path, resume: bool, rate_key: str = "tokens_per_s") -> dict:
+    """Train with the shared loop (resuming from out/checkpoint when asked) and return the final
+    record with "parameters", "steps" and the training rate under `rate_key` (units the task's
+    loss counts: tokens, sentences or images per second)."""
+    trainer = Trainer(model, task, train_cfg, out, getattr(model.cfg, "d_model", 512))
+    if resume:
+        trainer.resume()
+    record = trainer.fit()
+    s = trainer.state
+    return {**record, "parameters": sum(p.numel() for p in model.parameters()), "steps": s["step"],
+            rate_key: round(s["tokens"] / max(s["elapsed_s"], 1e-9), 1)}

@@ -11,12 +11,11 @@ import torch
 from attnlab.config import BertConfig, TextClassificationDataConfig, TrainConfig
 from attnlab.data.classification import SST2_LABELS, read_sst2
 from attnlab.data.wordpiece import encode_sentences, pretraining_sentences, train_wordpiece
-from attnlab.jsonfile import write_json_atomic
 from attnlab.models.bert import Bert
-from attnlab.runs import check_model_dir, check_out_dir, check_resume_recipe, read_run_config
+from attnlab.runs import (check_model_dir, check_out_dir, check_resume_recipe, fit,
+                          read_run_config, resumed_train_config, start_run_dir)
 from attnlab.train.bert_tasks import MaskedLMTask, SentenceClassificationTask
 from attnlab.train.checkpoint import load_weights
-from attnlab.train.loop import Trainer
 
 log = logging.getLogger("attnlab")
 
@@ -79,8 +78,7 @@ def train_bert(recipe, out: str | Path, resume: bool = False) -> dict:
         saved = read_run_config(out, "bert")
         check_resume_recipe(saved, recipe.name, out)
         cfg, data_cfg = BertConfig.from_dict(saved["model"]), TextClassificationDataConfig.from_dict(saved["data"])
-        train_cfg = TrainConfig.from_dict({**saved["train"], "max_steps": recipe.train.max_steps,
-                                           "minutes": recipe.train.minutes})
+        train_cfg = resumed_train_config(saved["train"], recipe)
         model, tok = Bert(cfg), _load_tokenizer(out / "tokenizer.json")
     else:
         data_cfg, train_cfg = recipe.data, recipe.train
@@ -100,21 +98,14 @@ def train_bert(recipe, out: str | Path, resume: bool = False) -> dict:
                                           (encode_sentences(tok, dev, max_len), dev_labels), cfg.pad_id,
                                           data_cfg.batch_size, train_cfg.seed, train_cfg.label_smoothing)
     if not resume:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "metrics.jsonl").unlink(missing_ok=True)
+        start_run_dir(out, {"model_type": "bert", "recipe": recipe.name, "labels": SST2_LABELS,
+                            "model": cfg.to_dict(), "data": data_cfg.to_dict(), "train": train_cfg.to_dict()})
         if tok_source is not None:
             shutil.copyfile(tok_source, out / "tokenizer.json")
         else:
             tok.save(str(out / "tokenizer.json"))
-        write_json_atomic(out / "config.json", {"model_type": "bert", "recipe": recipe.name, "labels": SST2_LABELS,
-                                                 "model": cfg.to_dict(), "data": data_cfg.to_dict(),
-                                                 "train": train_cfg.to_dict()})
-    trainer = Trainer(model, task, train_cfg, out, cfg.d_model)
-    if resume:
-        trainer.resume()
     log.info("model: %.2fM parameters", model.num_parameters() / 1e6)
-    record = trainer.fit()
-    return {**record, "parameters": model.num_parameters(), "steps": trainer.state["step"]}
+    return fit(model, task, train_cfg, out, resume, rate_key="sentences_per_s")
 
 
 def load_bert_run(path: str | Path) -> tuple[Bert, object, dict]:

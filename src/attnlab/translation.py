@@ -7,14 +7,13 @@ from pathlib import Path
 
 import torch
 
-from attnlab.config import Seq2SeqConfig, TrainConfig, TranslationDataConfig
+from attnlab.config import Seq2SeqConfig, TranslationDataConfig
 from attnlab.data.translation import ParallelCorpus, read_parallel
 from attnlab.models.seq2seq import Seq2SeqTransformer
 from attnlab.tokenizers import ByteLevelBPE
-from attnlab.jsonfile import write_json_atomic
-from attnlab.runs import check_model_dir, check_out_dir, check_resume_recipe, read_run_config
+from attnlab.runs import (check_model_dir, check_out_dir, check_resume_recipe, fit,
+                          read_run_config, resumed_train_config, start_run_dir)
 from attnlab.train.checkpoint import load_weights
-from attnlab.train.loop import Trainer
 from attnlab.train.translation_task import TranslationTask, corpus_bleu, decode_corpus
 
 log = logging.getLogger("attnlab")
@@ -52,8 +51,7 @@ def train_translation(recipe, out: str | Path, resume: bool = False) -> dict:
     if resume:
         saved, model_cfg, data_cfg, saved_train = _saved_configs(out)
         check_resume_recipe(saved, recipe.name, out)
-        train_cfg = TrainConfig.from_dict({**saved_train, "max_steps": recipe.train.max_steps,
-                                           "minutes": recipe.train.minutes})
+        train_cfg = resumed_train_config(saved_train, recipe)
         tokenizer = ByteLevelBPE.load(out / "tokenizer.json")
     else:
         model_cfg, data_cfg, train_cfg = recipe.model, recipe.data, recipe.train
@@ -70,26 +68,17 @@ def train_translation(recipe, out: str | Path, resume: bool = False) -> dict:
     torch.manual_seed(train_cfg.seed)
     model = Seq2SeqTransformer(model_cfg)
     if not resume:  # every setting has been checked: now the run directory is written
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "metrics.jsonl").unlink(missing_ok=True)
+        start_run_dir(out, {"model_type": "seq2seq", "recipe": recipe.name, "model": model_cfg.to_dict(),
+                            "data": data_cfg.to_dict(), "train": train_cfg.to_dict()})
         tokenizer.save(out / "tokenizer.json")
-        write_json_atomic(out / "config.json", {"model_type": "seq2seq", "recipe": recipe.name,
-                                                 "model": model_cfg.to_dict(), "data": data_cfg.to_dict(),
-                                                 "train": train_cfg.to_dict()})
     max_len = min(data_cfg.max_len, model_cfg.max_seq_len)
     train = ParallelCorpus.encode(tokenizer, src, tgt, max_len)
     val = ParallelCorpus.encode(tokenizer, val_src, val_tgt, max_len)
     task = TranslationTask(tokenizer, train, val, val_tgt, train_cfg, model_cfg.pad_id, model_cfg.bos_id,
                            model_cfg.eos_id)
-    trainer = Trainer(model, task, train_cfg, out, model_cfg.d_model)
-    if resume:
-        trainer.resume()
     log.info("model: %.2fM parameters; %d training pairs, %d target tokens per epoch",
              model.num_parameters() / 1e6, len(train), train.target_tokens())
-    record = trainer.fit()
-    s = trainer.state
-    return {**record, "parameters": model.num_parameters(), "steps": s["step"],
-            "tokens_per_s": round(s["tokens"] / max(s["elapsed_s"], 1e-9), 1)}
+    return fit(model, task, train_cfg, out, resume)
 
 
 def load_translator(path: str | Path) -> tuple[Seq2SeqTransformer, ByteLevelBPE, dict]:

@@ -14,12 +14,12 @@ import torch
 
 from attnlab.config import ImageDataConfig, TrainConfig, ViTConfig
 from attnlab.data.images import SPLIT_SEED, load_images, normalization, normalize, read_image_file, split
-from attnlab.jsonfile import write_json_atomic
 from attnlab.models.vit import VisionTransformer
-from attnlab.runs import check_out_dir, check_resume_recipe, read_run_config
+from attnlab.runs import (check_out_dir, check_resume_recipe, fit, read_run_config,
+                          resumed_train_config, start_run_dir)
 from attnlab.train.checkpoint import load_weights
 from attnlab.train.image_task import ImageClassificationTask
-from attnlab.train.loop import CHECKPOINT_DIR, Trainer
+from attnlab.train.loop import CHECKPOINT_DIR
 
 log = logging.getLogger("attnlab")
 
@@ -83,8 +83,7 @@ def train_vit(recipe, out: str | Path, resume: bool = False) -> dict:
     if resume:
         saved, model_cfg, data_cfg, saved_train = _saved_configs(out)
         check_resume_recipe(saved, recipe.name, out)
-        train_cfg = TrainConfig.from_dict({**saved_train, "max_steps": recipe.train.max_steps,
-                                           "minutes": recipe.train.minutes})
+        train_cfg = resumed_train_config(saved_train, recipe)
         split_seed = saved.get("split_seed", SPLIT_SEED)
     else:
         model_cfg, data_cfg, train_cfg, split_seed = recipe.model, recipe.data, recipe.train, SPLIT_SEED
@@ -96,21 +95,13 @@ def train_vit(recipe, out: str | Path, resume: bool = False) -> dict:
     torch.manual_seed(train_cfg.seed)
     model = VisionTransformer(model_cfg)
     if not resume:  # every setting has been checked: now the run directory is written
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "metrics.jsonl").unlink(missing_ok=True)
-        write_json_atomic(out / "config.json", {
+        start_run_dir(out, {
             "model_type": "vit", "recipe": recipe.name, "model": model_cfg.to_dict(), "data": data_cfg.to_dict(),
             "train": train_cfg.to_dict(), "normalization": {"mean": mean, "std": std},
             "labels": [str(i) for i in range(model_cfg.n_classes)], "split_seed": split_seed})
-    trainer = Trainer(model, task, train_cfg, out, model_cfg.d_model)
-    if resume:
-        trainer.resume()
     log.info("model: %.2fM parameters; %d training images, %d held-out images", model.num_parameters() / 1e6,
              len(data["train"][0]), len(data["test"][0]))
-    record = trainer.fit()
-    s = trainer.state
-    return {**record, "parameters": model.num_parameters(), "steps": s["step"],
-            "images_per_s": round(s["tokens"] / max(s["elapsed_s"], 1e-9), 1)}
+    return fit(model, task, train_cfg, out, resume, rate_key="images_per_s")
 
 
 def load_vit(path: str | Path) -> tuple[VisionTransformer, dict]:

@@ -213,7 +213,7 @@ def architecture_for(cfg: GPTConfig) -> str:
     if qkv_bias and not cfg.bias:
         return QWEN2
     if cfg.bias and not qkv_bias:
-        no(f"bias=True with qkv_bias=False")
+        no("bias=True with qkv_bias=False")
     if cfg.sliding_window is not None:
         if cfg.bias:
             no(f"sliding_window={cfg.sliding_window} with bias=True (Mistral has no biases)")
