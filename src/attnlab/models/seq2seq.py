@@ -13,6 +13,7 @@ from torch import nn
 from attnlab.config import Seq2SeqConfig
 from attnlab.nn.blocks import DecoderLayer, EncoderLayer
 from attnlab.nn.kv_cache import KVCache
+from attnlab.nn.linear import Linear
 from attnlab.nn.masks import causal_mask, padding_mask
 from attnlab.nn.positional import SinusoidalPositionalEncoding
 
@@ -64,7 +65,7 @@ class Seq2SeqTransformer(nn.Module):
         pre = cfg.norm_position == "pre"
         self.encoder_norm = nn.LayerNorm(d) if pre else nn.Identity()
         self.decoder_norm = nn.LayerNorm(d) if pre else nn.Identity()
-        self.lm_head = nn.Linear(d, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(d, cfg.vocab_size, bias=False)
         self._init_weights()
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tgt_embed.weight

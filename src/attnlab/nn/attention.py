@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.nn.kv_cache import KVCache
+from attnlab.nn.linear import Linear
 from attnlab.nn.masks import causal_mask
 from attnlab.nn.rope import apply_rope
 
@@ -98,10 +99,10 @@ class MultiHeadAttention(nn.Module):
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, d_model // n_heads
         self.dropout, self.impl = dropout, impl
         qkv_bias = bias if qkv_bias is None else qkv_bias
-        self.q_proj = nn.Linear(d_model, n_heads * self.head_dim, bias=qkv_bias)
-        self.k_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=qkv_bias)
-        self.v_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=qkv_bias)
-        self.out_proj = nn.Linear(n_heads * self.head_dim, d_model, bias=bias)
+        self.q_proj = Linear(d_model, n_heads * self.head_dim, bias=qkv_bias)
+        self.k_proj = Linear(d_model, n_kv_heads * self.head_dim, bias=qkv_bias)
+        self.v_proj = Linear(d_model, n_kv_heads * self.head_dim, bias=qkv_bias)
+        self.out_proj = Linear(n_heads * self.head_dim, d_model, bias=bias)
 
     def _split(self, x: torch.Tensor, heads: int) -> torch.Tensor:
         b, t, _ = x.shape
