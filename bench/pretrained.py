@@ -6,7 +6,9 @@ prefill = time to the first new token and decode tokens/s = (new tokens − 1) /
 The roofline: every decoded token reads all weights once (fp32, the tied embedding matrix once, as
 the output projection), so decode tokens/s cannot exceed bandwidth / weight bytes; we report that
 bound from this machine's measured memory bandwidth and each side's fraction of it, and the
-bound that binds in practice: one batch-1 linear over every weight matrix, timed.
+bound that binds in practice: one batch-1 product over every weight matrix, timed, through
+`F.linear` (transformers' path) and through ours (nn/linear.py: a batched product over row blocks,
+which streams the weights about twice as fast on CPU).
 Prints one JSON line.
 
     python bench/pretrained.py [--new-tokens 64] [--prompt-tokens 64] [--repeats 3]
@@ -18,9 +20,11 @@ import json
 import time
 
 import torch
+import torch.nn.functional as F
 from _common import SHARED, machine_peaks
 
 from attnlab.generate import generate
+from attnlab.nn.linear import linear
 from attnlab.pretrained import load_causal_lm
 
 
@@ -64,16 +68,17 @@ def rates(stamps: list[float], prompt: int) -> dict:
 
 
 @torch.no_grad()
-def matvec_stream(model, repeats: int = 3) -> dict:
-    """The bound that binds in practice: one batch-1 `linear` over every weight matrix of the model
-    (what decoding a token must at least do), timed; its effective GB/s and tokens/s ceiling."""
+def matvec_stream(model, fn, repeats: int = 3) -> dict:
+    """The bound that binds in practice: one batch-1 product `fn(x, W)` over every weight matrix
+    of the model (what decoding a token must at least do), timed; its effective GB/s and tokens/s
+    ceiling. Run for `F.linear` (what transformers calls) and for our `attnlab.nn.linear.linear`."""
     weights = [p for p in model.parameters() if p.dim() == 2]
     inputs = {w.shape[1]: torch.randn(1, w.shape[1]) for w in weights}
     best = float("inf")
     for _ in range(repeats + 1):
         t0 = time.perf_counter()
         for w in weights:
-            torch.nn.functional.linear(inputs[w.shape[1]], w)
+            fn(inputs[w.shape[1]], w)
         best = min(best, time.perf_counter() - t0)
     nbytes = sum(w.numel() * w.element_size() for w in weights)
     return {"ms": round(best * 1e3, 1), "gb_s": round(nbytes / best / 1e9, 1), "tok_s_ceiling": round(1 / best, 1)}
@@ -109,7 +114,8 @@ def main() -> None:
                                                          / best["transformers"]["decode_tok_s"], 2),
               "ratio_prefill_ours_vs_transformers": round(best["ours"]["prefill_tok_s"]
                                                           / best["transformers"]["prefill_tok_s"], 2),
-              "weight_bytes_per_token": weight_bytes, "matvec_all_weights": matvec_stream(loaded.model),
+              "weight_bytes_per_token": weight_bytes, "matvec_all_weights": {"F.linear": matvec_stream(loaded.model, F.linear),
+                                     "ours": matvec_stream(loaded.model, linear)},
               "machine": peaks}
     if peaks:
         bound = peaks["bandwidth_gbs"] * 1e9 / weight_bytes

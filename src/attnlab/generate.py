@@ -225,10 +225,10 @@ def generate(model, prompts: list[list[int]], max_new_tokens: int = 128, tempera
             chunk = model.max_chunk or ids.size(1)
             for s in range(0, ids.size(1), chunk):
                 logits = model(ids[:, s:s + chunk], mask[:, :s + chunk] if padded else None,
-                               positions[:, s:s + chunk]).logits[:, -1]
+                               positions[:, s:s + chunk], logits_to_keep=1).logits[:, -1]
         for step in range(max_new_tokens):
             if not use_cache:
-                logits = model(ids, mask if padded else None, positions).logits[:, -1]
+                logits = model(ids, mask if padded else None, positions, logits_to_keep=1).logits[:, -1]
             nxt = sample_next(logits, temperature, top_k, top_p, generator)  # (B,)
             for row in (~done).nonzero().flatten().tolist():
                 token = int(nxt[row])
@@ -245,7 +245,7 @@ def generate(model, prompts: list[list[int]], max_new_tokens: int = 128, tempera
             mask = torch.cat([mask, torch.ones(b, 1, dtype=torch.bool, device=device)], dim=1)
             positions = torch.cat([positions, new_pos], dim=1)
             if use_cache:
-                logits = model(nxt[:, None], mask if padded else None, new_pos).logits[:, -1]
+                logits = model(nxt[:, None], mask if padded else None, new_pos, logits_to_keep=1).logits[:, -1]
     finally:
         if use_cache:
             model.clear_kv_cache()

@@ -14,6 +14,7 @@ from torch import nn
 from attnlab.config import GPTConfig
 from attnlab.nn.blocks import DecoderOnlyLayer
 from attnlab.nn.kv_cache import KVCache
+from attnlab.nn.linear import Linear
 from attnlab.nn.masks import causal_mask
 from attnlab.nn.norm import make_norm
 from attnlab.nn.positional import sinusoidal_table
@@ -59,7 +60,7 @@ class GPT(nn.Module):
                              cfg.n_experts, cfg.moe_top_k, cfg.qkv_bias)
             for _ in range(cfg.n_layers))
         self.norm = make_norm(cfg.norm, d, cfg.norm_eps, cfg.bias) if cfg.norm_position == "pre" else nn.Identity()
-        self.lm_head = nn.Linear(d, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(d, cfg.vocab_size, bias=False)
         self.caches: list[KVCache] | None = None
         self._init_weights()
         if cfg.tie_embeddings:
@@ -126,7 +127,8 @@ class GPT(nn.Module):
         return x + self.position_table[position_ids].to(x.dtype), None
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None, need_weights: bool = False) -> GPTOutput:
+                position_ids: torch.Tensor | None = None, need_weights: bool = False,
+                logits_to_keep: int = 0) -> GPTOutput:
         """Args:
             input_ids: (B, T) int64 new tokens.
             attention_mask: (B, S) bool/int over every position so far (cached and new), 1 = real
@@ -134,12 +136,17 @@ class GPT(nn.Module):
             position_ids: (B, T) int64 positions of the new tokens; None = offset .. offset + T − 1,
                 offset being the number of cached positions.
             need_weights: also return each layer's attention weights (the math path).
+            logits_to_keep: compute the logits of the last N positions only (generation needs just
+                the last one; the output projection is the largest matrix); 0 = all T.
         Returns:
-            GPTOutput(logits (B, T, V) in the parameters' dtype, aux_loss (), attentions or None).
+            GPTOutput(logits (B, T, V), or (B, N, V) with logits_to_keep N, in the parameters'
+            dtype; aux_loss (); attentions or None).
         Raises:
-            ValueError: when a position is past max_seq_len for absolute positions, or the KV cache
-                would overflow.
+            ValueError: when a position is past max_seq_len for absolute positions, the KV cache
+                would overflow, or logits_to_keep is negative.
         """
+        if logits_to_keep < 0:
+            raise ValueError(f"logits_to_keep must be >= 0 (0 = every position), got {logits_to_keep}")
         b, t = input_ids.shape
         offset = self.caches[0].length if self.caches else 0
         if self.caches:
@@ -161,4 +168,6 @@ class GPT(nn.Module):
             aux = aux + layer_aux
             if need_weights:
                 attentions.append(weights)
+        if logits_to_keep:
+            x = x[:, -logits_to_keep:]
         return GPTOutput(self.lm_head(self.norm(x)), aux / len(self.layers), attentions)
