@@ -8,7 +8,8 @@ measured fp32 matmul rate, and for character models the spread of nanoGPT's own 
 on the final weights; ratios against the first recipe. --plot draws the validation-loss curves
 (character-level recipes only: nats per BPE token are on another scale).
 
-    python bench/lm.py [--recipes shakespeare-char shakespeare-char-llama ...] [--steps N] [--plot FILE]
+    python bench/lm.py [--recipes shakespeare-char shakespeare-char-llama ...] [--steps N] [--seeds 0 1 2 3]
+                       [--set KEY=VALUE] [--plot FILE]
 """
 from __future__ import annotations
 
@@ -70,6 +71,9 @@ def main() -> None:
     ap.add_argument("--recipes", nargs="+", default=["shakespeare-char", "shakespeare-char-llama", "shakespeare-bpe"])
     ap.add_argument("--steps", type=int, help="override the recipes' step budget (and decay length)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="applied to every recipe")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0],
+                    help="train each recipe once per seed; the figures are the first seed's, with every seed's "
+                         "final validation loss, their mean and standard deviation beside them")
     ap.add_argument("--out", default="runs/bench-lm")
     ap.add_argument("--plot", help="write the validation-loss curves to this PNG")
     args = ap.parse_args()
@@ -77,10 +81,15 @@ def main() -> None:
     results, curves = {}, {}
     for name in args.recipes:
         overrides = list(args.set) + ([f"max_steps={args.steps}", f"lr_decay_steps={args.steps}"] if args.steps else [])
-        recipe = get_recipe(name).with_overrides(overrides)
+        recipe = get_recipe(name).with_overrides(overrides + [f"seed={args.seeds[0]}"])
         out = Path(args.out) / name
         shutil.rmtree(out, ignore_errors=True)
         summary = train_lm(recipe, out)
+        by_seed = {recipe.train.seed: summary["val_loss"]}
+        for seed in args.seeds[1:]:
+            other = out.with_name(f"{name}-seed{seed}")
+            shutil.rmtree(other, ignore_errors=True)
+            by_seed[seed] = train_lm(recipe.with_overrides([f"seed={seed}"]), other)["val_loss"]
         cfg = GPTConfig.from_dict(json.loads((out / "config.json").read_text())["model"])
         records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
         curves[name] = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
@@ -89,6 +98,11 @@ def main() -> None:
                          "val_loss": summary["val_loss"], "best_val_loss": summary["best"],
                          "perplexity": summary["perplexity"], "bits_per_byte": summary.get("bits_per_byte"),
                          "train_tokens_per_s": summary["tokens_per_s"], "train_gflops": round(gflops, 1)}
+        if len(by_seed) > 1:
+            losses = torch.tensor(list(by_seed.values()), dtype=torch.float64)
+            results[name]["val_loss_by_seed"] = by_seed
+            results[name]["val_loss_seed_mean"] = round(losses.mean().item(), 4)
+            results[name]["val_loss_seed_sd"] = round(losses.std().item(), 4)
         if peaks:
             results[name]["fraction_of_fp32_matmul_peak"] = round(gflops / peaks["fp32_matmul_gflops"], 3)
         if recipe.data.tokenizer == "char":

@@ -120,6 +120,7 @@ class GPTConfig(_Config):
     moe_top_k: int = 2                # experts per token (1 <= moe_top_k <= n_experts)
     router_aux_loss_coef: float = 0.01  # weight of the load-balancing loss added to the training loss
     tie_embeddings: bool = True       # output projection shares the token embedding matrix
+    init_std: float = 0.02            # std of the normal init of every matrix (GPT-2's; HF initializer_range)
     bias: bool = True                 # biases on linear layers and LayerNorm
     qkv_bias: Optional[bool] = None   # biases on the q/k/v projections alone (Qwen2); None = bias
     dropout: float = 0.0              # on embeddings and sublayer outputs
@@ -153,6 +154,7 @@ class GPTConfig(_Config):
                    self.moe_top_k)
         _check(self.router_aux_loss_coef >= 0, "router_aux_loss_coef", ">= 0", self.router_aux_loss_coef)
         _check(self.norm_eps > 0, "norm_eps", "> 0", self.norm_eps)
+        _check(self.init_std > 0, "init_std", "> 0", self.init_std)
         for name in ("dropout", "attention_dropout"):
             _check(0.0 <= getattr(self, name) < 1.0, name, "in [0, 1)", getattr(self, name))
         for name in ("bos_id", "eos_id"):

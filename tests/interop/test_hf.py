@@ -119,7 +119,8 @@ def test_save_hf_loads_in_transformers_and_round_trips(case, tmp_path):
     ours = GPT(cfg).eval()
     _perturb(ours)
     save_hf(ours, tmp_path / "out")
-    assert json.loads((tmp_path / "out" / "config.json").read_text())["architectures"] == [arch]
+    saved = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert saved["architectures"] == [arch] and saved["initializer_range"] == cfg.init_std
     hf_model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
     assert type(hf_model).__name__ == arch
     assert _max_diff(ours, hf_model) <= TOL

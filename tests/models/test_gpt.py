@@ -223,6 +223,7 @@ def test_tiny_model_overfits_a_sentence(preset):
     (dict(norm="batchnorm"), "norm"),
     (dict(activation="tanh"), "activation"),
     (dict(attention_impl="flash"), "attention_impl"),
+    (dict(init_std=0.0), "init_std"),
     (dict(norm_position="middle"), "norm_position"),
     (dict(sliding_window=0), "sliding_window"),
     (dict(vocab_size=50, eos_id=50), "eos_id"),
@@ -266,3 +267,15 @@ def test_generate_past_max_seq_len_raises(preset):
         assert len(generate(model, [[1, 2, 3, 4, 5]], 3, use_cache=use_cache)[0]) == 3
         with pytest.raises(ValueError, match="max_seq_len=8"):
             generate(model, [[1, 2, 3, 4, 5]], 4, use_cache=use_cache)
+
+
+def test_init_std_sets_the_initial_weights_scale():
+    """Every matrix is drawn from N(0, init_std²), the residual projections from N(0, (init_std/√(2L))²)."""
+    torch.manual_seed(0)
+    cfg = GPTConfig.from_name("gpt2", vocab_size=512, d_model=64, n_heads=4, n_layers=2, max_seq_len=32,
+                              init_std=0.1)
+    model = GPT(cfg)
+    assert abs(model.embed_tokens.weight.std().item() - 0.1) < 0.005
+    assert abs(model.layers[0].ffn.up_proj.weight.std().item() - 0.1) < 0.005
+    assert abs(model.layers[1].self_attn.out_proj.weight.std().item() - 0.1 / 2) < 0.005  # 1/√(2·2)
+    assert GPTConfig().init_std == 0.02  # GPT-2's

@@ -168,7 +168,7 @@ def gpt_config_from_hf(hf: dict) -> tuple[str, GPTConfig]:
                                   or k == "sliding_window"}}
     fields = _gpt2_fields(hf) if arch == GPT2 else _rope_fields(arch, hf)
     fields.update(tie_embeddings=bool(hf["tie_word_embeddings"]), bos_id=_token_id(hf["bos_token_id"]),
-                  eos_id=_token_id(hf["eos_token_id"]))
+                  eos_id=_token_id(hf["eos_token_id"]), init_std=float(hf.get("initializer_range", 0.02)))
     try:
         return arch, GPTConfig(**fields)
     except ValueError as err:
@@ -234,7 +234,7 @@ def hf_config_for(cfg: GPTConfig, dtype: torch.dtype = torch.float32) -> dict:
     arch = architecture_for(cfg)
     common = dict(architectures=[arch], model_type=MODEL_TYPES[arch], vocab_size=cfg.vocab_size,
                   tie_word_embeddings=cfg.tie_embeddings, bos_token_id=cfg.bos_id, eos_token_id=cfg.eos_id,
-                  dtype=_dtype_name(dtype))
+                  initializer_range=cfg.init_std, dtype=_dtype_name(dtype))
     if arch == GPT2:
         act = {v: k for k, v in GPT2_ACTIVATIONS.items() if k != "gelu_pytorch_tanh"}[cfg.activation]
         return {**common, "n_embd": cfg.d_model, "n_layer": cfg.n_layers, "n_head": cfg.n_heads,

@@ -38,8 +38,9 @@ class GPT(nn.Module):
     owns positions and padding: it passes position_ids and the key-padding attention_mask.
 
     Sources: Radford et al. 2018 / 2019 (GPT, GPT-2: decoder-only, learned positions, Pre-LN, init
-    std 0.02 with residual projections scaled by 1/√(2L)); Touvron et al. 2023 (LLaMA: RoPE, RMSNorm,
-    SwiGLU); Ainslie et al. 2023 (GQA); Jiang et al. 2023 / 2024 (Mistral sliding window, Mixtral MoE).
+    std cfg.init_std (GPT-2's 0.02 by default) with residual projections scaled by 1/√(2L));
+    Touvron et al. 2023 (LLaMA: RoPE, RMSNorm, SwiGLU); Ainslie et al. 2023 (GQA); Jiang et al.
+    2023 / 2024 (Mistral sliding window, Mixtral MoE).
     """
 
     def __init__(self, cfg: GPTConfig):
@@ -67,10 +68,10 @@ class GPT(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
 
     def _init_weights(self) -> None:
-        residual_std = 0.02 / math.sqrt(2 * self.cfg.n_layers)
+        residual_std = self.cfg.init_std / math.sqrt(2 * self.cfg.n_layers)
         for name, module in self.named_modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
-                std = residual_std if name.endswith(("out_proj", "down_proj")) else 0.02
+                std = residual_std if name.endswith(("out_proj", "down_proj")) else self.cfg.init_std
                 nn.init.normal_(module.weight, mean=0.0, std=std)
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)

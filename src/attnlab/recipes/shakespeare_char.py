@@ -4,15 +4,24 @@ shakespeare-char is nanoGPT's CPU configuration (Karpathy, nanoGPT README, "baby
 MacBook): 4 layers, 4 heads, d_model 128, block 64, batch 12, 2,000 iterations, AdamW lr 1e-3
 (β2 0.99, weight decay 0.1) with 100 warm-up steps and cosine decay to 1e-4 at step 2,000, no
 dropout, no biases. nanoGPT reports a validation loss of about 1.88 for it.
+One change from nanoGPT: the weights start from GPT-2's init scaled to this width. GPT-2 draws every
+matrix from N(0, 0.02²) at d_model 768; a matrix-vector product's variance grows with the width it
+sums over, so the same init at d_model 128 is 0.02·√(768/128) ≈ 0.049. With nanoGPT's width-blind
+0.02 this model ends 2,000 steps at about 1.91 (4 seeds); with 0.049 at about 1.77 (README, from
+bench/lm.py). `--set init_std=0.02` restores nanoGPT's init.
 shakespeare-char-llama is the same budget and parameter count in the LLaMA style: RoPE, RMSNorm,
 SwiGLU and grouped-query attention (2 KV heads for 4 query heads), with d_ff 384 so that the
 attention and FFN matrices hold exactly as many parameters as the GPT-2-style blocks.
 """
 from __future__ import annotations
 
+import math
+
 NAME = "shakespeare-char"
 LLAMA_NAME = "shakespeare-char-llama"
-SIZES = dict(d_model=128, n_heads=4, n_layers=4, max_seq_len=64, dropout=0.0, bias=False)
+D_MODEL = 128
+SIZES = dict(d_model=D_MODEL, n_heads=4, n_layers=4, max_seq_len=64, dropout=0.0, bias=False,
+             init_std=round(0.02 * math.sqrt(768 / D_MODEL), 4))  # GPT-2's init at this width: 0.049
 
 
 def _train():
