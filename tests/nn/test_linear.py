@@ -70,3 +70,11 @@ def test_gradients_flow_through_the_fast_path():
     ref(x2).sum().backward()
     torch.testing.assert_close(x.grad, x2.grad)
     torch.testing.assert_close(layer.weight.grad, ref.weight.grad)
+
+
+def test_max_fast_rows_zero_turns_the_fast_path_off(monkeypatch):
+    monkeypatch.setattr(linear_mod, "MAX_FAST_ROWS", 0)
+    seen = calls_bmm(monkeypatch)
+    x, w = torch.randn(1, 24), torch.randn(40, 24)
+    assert torch.equal(linear(x, w), F.linear(x, w))
+    assert seen == []

@@ -12,7 +12,8 @@ result is the same product; only the order of the fp32 additions differs (≈ 1e
 
 Training and prefill (many rows) and every other device or dtype take `F.linear` unchanged: the
 batched path only wins for fp32 on CPU at a few rows (measured: 2.6× at 1 row, 1.1× at 16, slower
-at 32; bf16 is slower through it).
+at 32; bf16 is slower through it). Other CPUs and BLAS builds may differ: `python bench/pretrained.py`
+times both products on yours, and setting `attnlab.nn.linear.MAX_FAST_ROWS = 0` turns the path off.
 """
 from __future__ import annotations
 
