@@ -13,8 +13,7 @@ import torch
 from attnlab.config import GPTConfig, TextDataConfig, TrainConfig
 from attnlab.data.text import TokenStream, char_tokenizer, read_text, split_text
 from attnlab.models.gpt import GPT
-from attnlab.runs import (check_model_dir, check_out_dir, check_resume_recipe, fit,
-                          read_run_config, resumed_train_config, start_run_dir)
+from attnlab.runs import check_model_dir, fit, read_run_config, run_settings, start_run_dir
 from attnlab.tokenizers import ByteLevelBPE
 from attnlab.train.checkpoint import load_weights
 from attnlab.train.lm_task import LanguageModelTask
@@ -63,17 +62,9 @@ def train_lm(recipe, out: str | Path, resume: bool = False) -> dict:
         DatasetNotFoundError: when the text is missing. ValueError: for an invalid setting.
     """
     out = Path(out)
-    check_out_dir(out, resume)
-    if resume:
-        saved, model_cfg, data_cfg, saved_train = _saved_configs(out)
-        check_resume_recipe(saved, recipe.name, out)
-        train_cfg = resumed_train_config(saved_train, recipe)
-    else:
-        model_cfg, data_cfg, train_cfg = recipe.model, recipe.data, recipe.train
+    _, model_cfg, data_cfg, train_cfg = run_settings(out, recipe, resume, _saved_configs)
     if data_cfg.block_size > model_cfg.max_seq_len:
         raise ValueError(f"block_size must be <= max_seq_len={model_cfg.max_seq_len}, got {data_cfg.block_size}")
-    if train_cfg.threads:
-        torch.set_num_threads(train_cfg.threads)
     train_text, val_text = split_text(read_text(data_cfg.dataset), data_cfg.train_fraction)
     if resume:
         tokenizer = ByteLevelBPE.load(out / "tokenizer.json")

@@ -82,6 +82,33 @@ def resumed_train_config(saved_train: dict, recipe):
     return TrainConfig.from_dict({**saved_train, "max_steps": recipe.train.max_steps, "minutes": recipe.train.minutes})
 
 
+def run_settings(out: Path, recipe, resume: bool, saved_configs) -> tuple:
+    """The settings a training run uses, the first step of every task's train function.
+
+    Checks `out` (check_out_dir). A resumed run takes its own saved settings, read by
+    `saved_configs(out) -> (config.json dict, model config, data config, saved train dict)`, after
+    checking it was trained with `recipe`, with recipe.train's budgets (resumed_train_config); a new
+    run takes the recipe's. Sets torch's intra-op threads when the train config names a number.
+
+    Returns:
+        (the saved config.json dict, or None for a new run; model config; data config; TrainConfig).
+    Raises:
+        as check_out_dir, check_resume_recipe and saved_configs.
+    """
+    import torch
+
+    check_out_dir(out, resume)
+    if resume:
+        saved, model_cfg, data_cfg, saved_train = saved_configs(out)
+        check_resume_recipe(saved, recipe.name, out)
+        settings = saved, model_cfg, data_cfg, resumed_train_config(saved_train, recipe)
+    else:
+        settings = None, recipe.model, recipe.data, recipe.train
+    if settings[3].threads:
+        torch.set_num_threads(settings[3].threads)
+    return settings
+
+
 def start_run_dir(out: Path, config: dict) -> None:
     """Create a new run directory with its config.json (a stale metrics.jsonl is removed). Call it only
     once every setting has been checked, so that a refused run writes nothing."""

@@ -12,8 +12,7 @@ from attnlab.config import BertConfig, TextClassificationDataConfig, TrainConfig
 from attnlab.data.classification import SST2_LABELS, read_sst2
 from attnlab.data.wordpiece import encode_sentences, pretraining_sentences, train_wordpiece
 from attnlab.models.bert import Bert
-from attnlab.runs import (check_model_dir, check_out_dir, check_resume_recipe, fit,
-                          read_run_config, resumed_train_config, start_run_dir)
+from attnlab.runs import check_model_dir, fit, read_run_config, run_settings, start_run_dir
 from attnlab.train.bert_tasks import MaskedLMTask, SentenceClassificationTask
 from attnlab.train.checkpoint import load_weights
 
@@ -63,6 +62,12 @@ def _initial_model(recipe, train_cfg: TrainConfig, data_cfg: TextClassificationD
     return fresh, tok, source
 
 
+def _saved_configs(path: Path) -> tuple[dict, BertConfig, TextClassificationDataConfig, dict]:
+    saved = read_run_config(path, "bert")
+    return (saved, BertConfig.from_dict(saved["model"]), TextClassificationDataConfig.from_dict(saved["data"]),
+            saved["train"])
+
+
 def train_bert(recipe, out: str | Path, resume: bool = False) -> dict:
     """Train a BERT recipe (masked-LM pretraining or SST-2 classification) into run directory `out`.
 
@@ -73,19 +78,12 @@ def train_bert(recipe, out: str | Path, resume: bool = False) -> dict:
         ValueError: for an invalid setting.
     """
     out = Path(out)
-    check_out_dir(out, resume)
+    _, cfg, data_cfg, train_cfg = run_settings(out, recipe, resume, _saved_configs)
     if resume:
-        saved = read_run_config(out, "bert")
-        check_resume_recipe(saved, recipe.name, out)
-        cfg, data_cfg = BertConfig.from_dict(saved["model"]), TextClassificationDataConfig.from_dict(saved["data"])
-        train_cfg = resumed_train_config(saved["train"], recipe)
         model, tok = Bert(cfg), _load_tokenizer(out / "tokenizer.json")
     else:
-        data_cfg, train_cfg = recipe.data, recipe.train
         model, tok, tok_source = _initial_model(recipe, train_cfg, data_cfg)
         cfg = model.cfg
-    if train_cfg.threads:
-        torch.set_num_threads(train_cfg.threads)
     max_len = min(data_cfg.max_len, cfg.max_seq_len)
     dev, dev_labels = read_sst2("dev")
     if data_cfg.objective == "mlm":

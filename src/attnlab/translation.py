@@ -11,18 +11,12 @@ from attnlab.config import Seq2SeqConfig, TranslationDataConfig
 from attnlab.data.translation import ParallelCorpus, read_parallel
 from attnlab.models.seq2seq import Seq2SeqTransformer
 from attnlab.tokenizers import ByteLevelBPE
-from attnlab.runs import (check_model_dir, check_out_dir, check_resume_recipe, fit,
-                          read_run_config, resumed_train_config, start_run_dir)
+from attnlab.runs import check_model_dir, fit, read_run_config, run_settings, start_run_dir
 from attnlab.train.checkpoint import load_weights
 from attnlab.train.translation_task import TranslationTask, corpus_bleu, decode_corpus
 
 log = logging.getLogger("attnlab")
 SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>"]
-
-
-def _set_threads(n: int) -> None:
-    if n:
-        torch.set_num_threads(n)
 
 
 def _saved_configs(path: Path) -> tuple[dict, Seq2SeqConfig, TranslationDataConfig, dict]:
@@ -47,15 +41,9 @@ def train_translation(recipe, out: str | Path, resume: bool = False) -> dict:
         ValueError: for an invalid setting or a damaged run directory, naming what is wrong.
     """
     out = Path(out)
-    check_out_dir(out, resume)
+    _, model_cfg, data_cfg, train_cfg = run_settings(out, recipe, resume, _saved_configs)
     if resume:
-        saved, model_cfg, data_cfg, saved_train = _saved_configs(out)
-        check_resume_recipe(saved, recipe.name, out)
-        train_cfg = resumed_train_config(saved_train, recipe)
         tokenizer = ByteLevelBPE.load(out / "tokenizer.json")
-    else:
-        model_cfg, data_cfg, train_cfg = recipe.model, recipe.data, recipe.train
-    _set_threads(train_cfg.threads)
     src, tgt = read_parallel(data_cfg.dataset, "train", data_cfg.src_lang, data_cfg.tgt_lang)
     val_src, val_tgt = read_parallel(data_cfg.dataset, "val", data_cfg.src_lang, data_cfg.tgt_lang)
     if not resume:

@@ -15,8 +15,7 @@ import torch
 from attnlab.config import ImageDataConfig, TrainConfig, ViTConfig
 from attnlab.data.images import SPLIT_SEED, load_images, normalization, normalize, read_image_file, split
 from attnlab.models.vit import VisionTransformer
-from attnlab.runs import (check_out_dir, check_resume_recipe, fit, read_run_config,
-                          resumed_train_config, start_run_dir)
+from attnlab.runs import fit, read_run_config, run_settings, start_run_dir
 from attnlab.train.checkpoint import load_weights
 from attnlab.train.image_task import ImageClassificationTask
 from attnlab.train.loop import CHECKPOINT_DIR
@@ -79,16 +78,8 @@ def train_vit(recipe, out: str | Path, resume: bool = False) -> dict:
         DatasetNotFoundError: when the images are missing. ValueError: for an invalid setting.
     """
     out = Path(out)
-    check_out_dir(out, resume)
-    if resume:
-        saved, model_cfg, data_cfg, saved_train = _saved_configs(out)
-        check_resume_recipe(saved, recipe.name, out)
-        train_cfg = resumed_train_config(saved_train, recipe)
-        split_seed = saved.get("split_seed", SPLIT_SEED)
-    else:
-        model_cfg, data_cfg, train_cfg, split_seed = recipe.model, recipe.data, recipe.train, SPLIT_SEED
-    if train_cfg.threads:
-        torch.set_num_threads(train_cfg.threads)
+    saved, model_cfg, data_cfg, train_cfg = run_settings(out, recipe, resume, _saved_configs)
+    split_seed = saved.get("split_seed", SPLIT_SEED) if saved else SPLIT_SEED
     data = _splits(data_cfg, model_cfg, split_seed)
     mean, std = normalization(data["train"][0])
     task = ImageClassificationTask(*data["train"], *data["test"], data_cfg, train_cfg, mean, std)
