@@ -71,9 +71,10 @@ def main() -> None:
     ap.add_argument("--recipes", nargs="+", default=["shakespeare-char", "shakespeare-char-llama", "shakespeare-bpe"])
     ap.add_argument("--steps", type=int, help="override the recipes' step budget (and decay length)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="applied to every recipe")
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0],
-                    help="train each recipe once per seed; the figures are the first seed's, with every seed's "
-                         "final validation loss, their mean and standard deviation beside them")
+    ap.add_argument("--seeds", type=int, nargs="+",
+                    help="train each recipe once per seed (default: once, with its own seed); the figures are "
+                         "the first seed's, with every seed's final validation loss, their mean and standard "
+                         "deviation beside them")
     ap.add_argument("--out", default="runs/bench-lm")
     ap.add_argument("--plot", help="write the validation-loss curves to this PNG")
     args = ap.parse_args()
@@ -81,12 +82,13 @@ def main() -> None:
     results, curves = {}, {}
     for name in args.recipes:
         overrides = list(args.set) + ([f"max_steps={args.steps}", f"lr_decay_steps={args.steps}"] if args.steps else [])
-        recipe = get_recipe(name).with_overrides(overrides + [f"seed={args.seeds[0]}"])
+        seeds = args.seeds or [None]
+        recipe = get_recipe(name).with_overrides(overrides + ([f"seed={seeds[0]}"] if seeds[0] is not None else []))
         out = Path(args.out) / name
         shutil.rmtree(out, ignore_errors=True)
         summary = train_lm(recipe, out)
         by_seed = {recipe.train.seed: summary["val_loss"]}
-        for seed in args.seeds[1:]:
+        for seed in seeds[1:]:
             other = out.with_name(f"{name}-seed{seed}")
             shutil.rmtree(other, ignore_errors=True)
             by_seed[seed] = train_lm(recipe.with_overrides([f"seed={seed}"]), other)["val_loss"]

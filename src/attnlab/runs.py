@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from attnlab.jsonfile import read_json, write_json_atomic
 from attnlab.train.loop import CHECKPOINT_DIR, Trainer
 
@@ -95,18 +97,16 @@ def run_settings(out: Path, recipe, resume: bool, saved_configs) -> tuple:
     Raises:
         as check_out_dir, check_resume_recipe and saved_configs.
     """
-    import torch
-
     check_out_dir(out, resume)
     if resume:
         saved, model_cfg, data_cfg, saved_train = saved_configs(out)
         check_resume_recipe(saved, recipe.name, out)
-        settings = saved, model_cfg, data_cfg, resumed_train_config(saved_train, recipe)
+        train_cfg = resumed_train_config(saved_train, recipe)
     else:
-        settings = None, recipe.model, recipe.data, recipe.train
-    if settings[3].threads:
-        torch.set_num_threads(settings[3].threads)
-    return settings
+        saved, model_cfg, data_cfg, train_cfg = None, recipe.model, recipe.data, recipe.train
+    if train_cfg.threads:
+        torch.set_num_threads(train_cfg.threads)
+    return saved, model_cfg, data_cfg, train_cfg
 
 
 def start_run_dir(out: Path, config: dict) -> None:
