@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from attnlab.config import GPTConfig
+from attnlab.models.gpt import GPTConfig
 from attnlab.generate import generate
 from attnlab.models.gpt import GPT
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from _common import machine_peaks, save_figure
 
-from attnlab.config import GPTConfig
+from attnlab.models.gpt import GPTConfig
 from attnlab.lm import train_lm
 from attnlab.recipes import get_recipe
 
@@ -45,7 +45,7 @@ def nanogpt_estimates(run: Path, draws: int = 50, eval_iters: int = 20) -> dict:
     """nanoGPT's CPU validation estimate (the mean loss of eval_iters random batches of 12 × block
     from the validation text), drawn `draws` times on the final weights: its mean, spread and range,
     to put nanoGPT's single reading beside our one exact pass over the whole validation text."""
-    from attnlab.config import TextDataConfig
+    from attnlab.tasks.language_model import TextDataConfig
     from attnlab.data.text import TokenStream, read_text, split_text
     from attnlab.lm import load_lm
     from attnlab.train.checkpoint import load_weights

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from _common import SHARED, machine_peaks
 
-from attnlab.config import Seq2SeqConfig
+from attnlab.models.seq2seq import Seq2SeqConfig
 from attnlab.data.translation import ParallelCorpus, read_parallel, token_batches
 from attnlab.recipes import get_recipe
 from attnlab.tokenizers import ByteLevelBPE

@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from attnlab.config import Seq2SeqConfig
+from attnlab.models.seq2seq import Seq2SeqConfig
 
 EN = "a man woman dog cat runs sits on the street in snow red blue big small two".split()
 DE = "ein mann frau hund katze läuft sitzt auf der straße im schnee rot blau groß klein zwei".split()

@@ -12,7 +12,7 @@ from tests.train.test_lm import TINY_LM, tiny_shakespeare  # noqa: F401  (fixtur
 
 
 def test_an_empty_image_is_refused_with_its_size():
-    from attnlab.config import ViTConfig
+    from attnlab.models.vit import ViTConfig
     from attnlab.models.vit import VisionTransformer
 
     vit = VisionTransformer(ViTConfig(image_size=28, patch_size=7, in_channels=1, n_classes=10, d_model=16,
@@ -22,7 +22,7 @@ def test_an_empty_image_is_refused_with_its_size():
 
 
 def test_a_classifier_needs_two_labels():
-    from attnlab.config import BertConfig
+    from attnlab.models.bert import BertConfig
 
     with pytest.raises(ValueError, match="n_labels must be >= 2"):
         BertConfig(n_labels=1)

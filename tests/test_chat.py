@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from attnlab.chat import Chat, render_chat
-from attnlab.config import GPTConfig
+from attnlab.models.gpt import GPTConfig
 from attnlab.models.gpt import GPT
 from attnlab.pretrained import Loaded
 from attnlab.tokenizers import ByteLevelBPE

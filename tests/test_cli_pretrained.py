@@ -24,7 +24,7 @@ def test_a_named_model_whose_package_is_missing_names_the_pip_command(monkeypatc
 
 def test_convert_a_run_directory_and_generate_from_the_export(tmp_path, capsys):
     transformers = pytest.importorskip("transformers")
-    from attnlab.config import GPTConfig
+    from attnlab.models.gpt import GPTConfig
     from attnlab.data.text import char_tokenizer
     from attnlab.interop.hf import save_hf
     from attnlab.models.gpt import GPT

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from attnlab.config import GPTConfig
+from attnlab.models.gpt import GPTConfig
 from attnlab.generate import generate
 from attnlab.models.gpt import GPT
 from attnlab.sampling import check_sampling, sample_next, top_k_filter, top_p_filter

@@ -10,7 +10,11 @@ from pathlib import Path
 
 import torch
 
-from attnlab.config import GPTConfig, TextDataConfig, TrainConfig
+from attnlab.models.gpt import GPTConfig
+
+from attnlab.tasks.language_model import TextDataConfig
+
+from attnlab.train.config import TrainConfig
 from attnlab.data.text import TokenStream, char_tokenizer, read_text, split_text
 from attnlab.models.gpt import GPT
 from attnlab.runs import check_model_dir, fit, read_run_config, run_settings, start_run_dir

@@ -79,7 +79,7 @@ def model_type(path: Path) -> str:
 
 def resumed_train_config(saved_train: dict, recipe):
     """A resumed run's TrainConfig: its saved settings with the budgets (totals) of `recipe.train`."""
-    from attnlab.config import TrainConfig
+    from attnlab.train.config import TrainConfig
 
     return TrainConfig.from_dict({**saved_train, "max_steps": recipe.train.max_steps, "minutes": recipe.train.minutes})
 

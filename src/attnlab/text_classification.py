@@ -8,7 +8,11 @@ from pathlib import Path
 
 import torch
 
-from attnlab.config import BertConfig, TextClassificationDataConfig, TrainConfig
+from attnlab.models.bert import BertConfig
+
+from attnlab.tasks.text_classification import TextClassificationDataConfig
+
+from attnlab.train.config import TrainConfig
 from attnlab.data.classification import SST2_LABELS, read_sst2
 from attnlab.data.wordpiece import encode_sentences, pretraining_sentences, train_wordpiece
 from attnlab.models.bert import Bert

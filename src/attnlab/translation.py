@@ -7,7 +7,9 @@ from pathlib import Path
 
 import torch
 
-from attnlab.config import Seq2SeqConfig, TranslationDataConfig
+from attnlab.models.seq2seq import Seq2SeqConfig
+
+from attnlab.tasks.translation import TranslationDataConfig
 from attnlab.data.translation import ParallelCorpus, read_parallel
 from attnlab.models.seq2seq import Seq2SeqTransformer
 from attnlab.tokenizers import ByteLevelBPE

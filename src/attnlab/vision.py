@@ -12,7 +12,11 @@ from pathlib import Path
 
 import torch
 
-from attnlab.config import ImageDataConfig, TrainConfig, ViTConfig
+from attnlab.tasks.vision import ImageDataConfig
+
+from attnlab.train.config import TrainConfig
+
+from attnlab.models.vit import ViTConfig
 from attnlab.data.images import SPLIT_SEED, load_images, normalization, normalize, read_image_file, split
 from attnlab.models.vit import VisionTransformer
 from attnlab.runs import fit, read_run_config, run_settings, start_run_dir

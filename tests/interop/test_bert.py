@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnlab.config import BertConfig
+from attnlab.models.bert import BertConfig
 from attnlab.interop.hf_bert import bert_config_from_hf, load_bert_state, save_bert_hf
 from attnlab.interop.safetensors_dir import read_safetensors_dir
 from attnlab.models.bert import Bert, mean_pool

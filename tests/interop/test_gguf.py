@@ -16,7 +16,7 @@ import torch
 gguf = pytest.importorskip("gguf", reason="GGUF tests need the gguf package (pip install 'attnlab[hf]')")
 from gguf import GGMLQuantizationType as Q  # noqa: E402
 
-from attnlab.config import GPTConfig  # noqa: E402
+from attnlab.models.gpt import GPTConfig  # noqa: E402
 from attnlab.interop.gguf import dequantize, gpt_config_from_gguf, load_gguf, unpermute_qk  # noqa: E402
 from attnlab.models.gpt import GPT  # noqa: E402
 from attnlab.nn.rope import RotaryEmbedding, apply_rope  # noqa: E402

@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 
 transformers = pytest.importorskip("transformers")
 
-from attnlab.config import GPTConfig  # noqa: E402
+from attnlab.models.gpt import GPTConfig  # noqa: E402
 from attnlab.interop.hf import load_hf, save_hf  # noqa: E402
 from attnlab.models.gpt import GPT  # noqa: E402
 
@@ -233,7 +233,7 @@ def test_a_bias_free_gpt2_style_model_exports_with_zero_biases(tmp_path):
     """Regression: nanoGPT-style runs (bias=False) were refused by convert; GPT-2 has every bias, and
     zero biases compute exactly the same."""
     transformers = pytest.importorskip("transformers")
-    from attnlab.config import GPTConfig
+    from attnlab.models.gpt import GPTConfig
     from attnlab.interop.hf import save_hf
     from attnlab.models.gpt import GPT
 

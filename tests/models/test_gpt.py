@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from attnlab import sampling
-from attnlab.config import GPTConfig
+from attnlab.models.gpt import GPTConfig
 from attnlab.generate import generate
 from attnlab.models.gpt import GPT
 from attnlab.nn.attention import MultiHeadAttention, scaled_dot_product_attention

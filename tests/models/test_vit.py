@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnlab.config import ViTConfig
+from attnlab.models.vit import ViTConfig
 from attnlab.data.datasets import DatasetNotFoundError, find_dataset
 from attnlab.models.vit import VisionTransformer, interpolate_positions, patchify, unpatchify
 

@@ -6,7 +6,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from attnlab.config import GPTConfig, TextDataConfig, TrainConfig
+from attnlab.models.gpt import GPTConfig
+
+from attnlab.tasks.language_model import TextDataConfig
+
+from attnlab.train.config import TrainConfig
 from attnlab.data.text import TokenStream, char_tokenizer, split_text
 from attnlab.lm import evaluate_lm, load_lm, train_lm
 from attnlab.models.gpt import GPT

@@ -73,7 +73,8 @@ def test_resumed_vit_run_equals_uninterrupted(tiny_digits, tmp_path):
 
 
 def test_batches_are_a_seeded_permutation_with_seeded_shifts(tiny_digits):
-    from attnlab.config import ImageDataConfig, TrainConfig
+    from attnlab.tasks.vision import ImageDataConfig
+    from attnlab.train.config import TrainConfig
 
     images, labels = torch.rand(50, 1, 8, 8), torch.arange(50) % 10
     task = ImageClassificationTask(images, labels, images[:5], labels[:5], ImageDataConfig(batch_size=16, max_shift=1),

@@ -23,7 +23,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 import torch
 
-from attnlab.config import GPTConfig
+from attnlab.models.gpt import GPTConfig
 from attnlab.interop.gguf_quants import dequantize
 from attnlab.models.gpt import GPT
 from attnlab.tokenizers.bpe import ByteLevelBPE

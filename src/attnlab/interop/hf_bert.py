@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from attnlab.config import BertConfig
+from attnlab.models.bert import BertConfig
 from attnlab.models.bert import Bert
 
 _ACTS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}

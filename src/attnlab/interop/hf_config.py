@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from attnlab.config import GPTConfig
+from attnlab.models.gpt import GPTConfig
 
 LLAMA, MISTRAL, QWEN2, MIXTRAL, GPT2 = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
                                         "MixtralForCausalLM", "GPT2LMHeadModel")

@@ -4,13 +4,66 @@ Shape legend: B batch, S sequence length, D model dim, V vocabulary, C classes.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar, Literal, Optional
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnlab.config import BertConfig
+from attnlab.config import Config, check, check_literals
 from attnlab.nn.blocks import EncoderLayer
 from attnlab.nn.mlp import ACTIVATIONS
+
+
+@dataclass
+class BertConfig(Config):
+    """The BERT encoder (Devlin et al. 2019): Post-LN, GELU, learned positions and segment embeddings.
+
+    Defaults are BERT-base (Table/§3: L=12, H=768, A=12, 110 M parameters).
+    """
+
+    model_type: ClassVar[str] = "bert"  # the run's kind: config.json's "model_type", the task registry key
+
+    vocab_size: int = 30522           # WordPiece vocabulary (set from the tokenizer)
+    d_model: int = 768                # hidden size H
+    n_layers: int = 12                # encoder layers L
+    n_heads: int = 12                 # attention heads A; d_model % n_heads == 0
+    d_ff: Optional[int] = None        # FFN hidden size; None = 4 * d_model
+    max_seq_len: int = 512            # rows of the learned position table
+    type_vocab_size: int = 2          # segments (sentence A / B)
+    activation: Literal["gelu", "gelu_tanh", "relu"] = "gelu"  # FFN non-linearity
+    norm_eps: float = 1e-12           # LayerNorm ε (BERT's)
+    dropout: float = 0.1              # on embeddings and sublayer outputs
+    attention_dropout: float = 0.1    # on attention weights
+    attention_impl: Literal["sdpa", "math"] = "sdpa"  # fused kernel or explicit math
+    n_labels: int = 2                 # classes of the sequence-classification head
+    pad_id: int = 0                   # special token ids (from the tokenizer; None = unknown)
+    cls_id: Optional[int] = None
+    sep_id: Optional[int] = None
+    mask_id: Optional[int] = None
+
+    def __post_init__(self):
+        if self.d_ff is None:
+            self.d_ff = 4 * self.d_model
+        check_literals(self)
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_seq_len", "type_vocab_size",
+                     "n_labels"):
+            value = getattr(self, name)
+            check(isinstance(value, int) and value > 0, name, "a positive integer", value)
+        check(self.d_model % self.n_heads == 0, "d_model", f"divisible by n_heads={self.n_heads}", self.d_model)
+        check(self.norm_eps > 0, "norm_eps", "> 0", self.norm_eps)
+        check(self.n_labels >= 2, "n_labels", ">= 2 (a classifier needs two classes or more)", self.n_labels)
+        for name in ("dropout", "attention_dropout"):
+            check(0.0 <= getattr(self, name) < 1.0, name, "in [0, 1)", getattr(self, name))
+        for name in ("pad_id", "cls_id", "sep_id", "mask_id"):
+            value = getattr(self, name)
+            check(value is None and name != "pad_id" or value is not None and 0 <= value < self.vocab_size, name,
+                   f"in [0, vocab_size={self.vocab_size})", value)
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
 
 
 class Bert(nn.Module):

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar, Literal, Optional
 
 import torch
 from torch import nn
 
-from attnlab.config import GPTConfig
+from attnlab.config import Config, check, check_literals
 from attnlab.nn.blocks import DecoderOnlyLayer
 from attnlab.nn.kv_cache import KVCache
 from attnlab.nn.linear import Linear
@@ -19,6 +20,116 @@ from attnlab.nn.masks import causal_mask
 from attnlab.nn.norm import make_norm
 from attnlab.nn.positional import sinusoidal_table
 from attnlab.nn.rope import RotaryEmbedding
+
+
+def _swiglu_d_ff(d_model: int) -> int:
+    """LLaMA's FFN size: 8/3 · D (the parameters of a 4·D two-matrix FFN), rounded up to a multiple of 32."""
+    return -(-8 * d_model // 3 // 32) * 32
+
+
+@dataclass
+class GPTConfig(Config):
+    """A decoder-only Transformer with every switch of the GPT → LLaMA/Mistral/Mixtral line.
+
+    Defaults are GPT-2 style; `from_name` applies a preset ("gpt2", "llama", "mistral", "mixtral").
+    """
+
+    model_type: ClassVar[str] = "gpt"  # the run's kind: config.json's "model_type", the task registry key
+
+    vocab_size: int = 50304           # tokens (set from the tokenizer)
+    d_model: int = 768                # model width D
+    n_layers: int = 12                # decoder blocks
+    n_heads: int = 12                 # query heads H; d_model % n_heads == 0
+    n_kv_heads: Optional[int] = None  # key/value heads K (None = H: MHA; 1: MQA; else GQA); H % K == 0
+    d_ff: Optional[int] = None        # FFN (or each expert's) hidden size; None = 4·D, or 8/3·D for SwiGLU
+    max_seq_len: int = 1024           # context length; learned/sinusoidal tables have this many rows
+    positions: Literal["learned", "sinusoidal", "rope"] = "learned"  # absolute (GPT) or rotary (LLaMA)
+    rope_theta: float = 10000.0       # RoPE base θ
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"  # LayerNorm (GPT) or RMSNorm (LLaMA)
+    norm_position: Literal["pre", "post"] = "pre"       # Pre-LN (GPT-2 on) or Post-LN (the 2017 paper)
+    norm_eps: float = 1e-5            # ε of every norm
+    activation: Literal["relu", "gelu", "gelu_tanh", "swiglu"] = "gelu"  # FFN non-linearity (gelu_tanh: GPT-2's)
+    sliding_window: Optional[int] = None  # attend to the W most recent positions only (Mistral); None = all
+    n_experts: int = 0                # mixture of experts per block: 0 = dense FFN, else E experts
+    moe_top_k: int = 2                # experts per token (1 <= moe_top_k <= n_experts)
+    router_aux_loss_coef: float = 0.01  # weight of the load-balancing loss added to the training loss
+    tie_embeddings: bool = True       # output projection shares the token embedding matrix
+    init_std: float = 0.02            # std of the normal init of every matrix (GPT-2's; HF initializer_range)
+    bias: bool = True                 # biases on linear layers and LayerNorm
+    qkv_bias: Optional[bool] = None   # biases on the q/k/v projections alone (Qwen2); None = bias
+    dropout: float = 0.0              # on embeddings and sublayer outputs
+    attention_dropout: float = 0.0    # on attention weights
+    attention_impl: Literal["sdpa", "math"] = "sdpa"  # fused kernel (FlashAttention path) or explicit math
+    bos_id: Optional[int] = None      # special token ids, from the tokenizer (None = it has none)
+    eos_id: Optional[int] = None      # generation stops at this token by default
+
+    def __post_init__(self):
+        if self.n_kv_heads is None:
+            self.n_kv_heads = self.n_heads
+        if self.d_ff is None:
+            self.d_ff = _swiglu_d_ff(self.d_model) if self.activation == "swiglu" else 4 * self.d_model
+        check_literals(self)
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_seq_len"):
+            value = getattr(self, name)
+            check(isinstance(value, int) and value > 0, name, "a positive integer", value)
+        check(self.d_model % self.n_heads == 0, "d_model", f"divisible by n_heads={self.n_heads}", self.d_model)
+        check(self.n_heads % self.n_kv_heads == 0, "n_kv_heads", f"a divisor of n_heads={self.n_heads}",
+               self.n_kv_heads)
+        if self.positions == "rope":
+            check(self.head_dim % 2 == 0, "d_model / n_heads", "even for RoPE (head dim)", self.head_dim)
+            check(self.rope_theta > 0, "rope_theta", "> 0", self.rope_theta)
+        if self.positions == "sinusoidal":
+            check(self.d_model % 2 == 0, "d_model", "even for sinusoidal positions", self.d_model)
+        check(self.sliding_window is None or self.sliding_window >= 1, "sliding_window", ">= 1 or None",
+               self.sliding_window)
+        check(self.n_experts >= 0, "n_experts", ">= 0 (0 = dense FFN)", self.n_experts)
+        if self.n_experts:
+            check(1 <= self.moe_top_k <= self.n_experts, "moe_top_k", f"in 1..n_experts={self.n_experts}",
+                   self.moe_top_k)
+        check(self.router_aux_loss_coef >= 0, "router_aux_loss_coef", ">= 0", self.router_aux_loss_coef)
+        check(self.norm_eps > 0, "norm_eps", "> 0", self.norm_eps)
+        check(self.init_std > 0, "init_std", "> 0", self.init_std)
+        for name in ("dropout", "attention_dropout"):
+            check(0.0 <= getattr(self, name) < 1.0, name, "in [0, 1)", getattr(self, name))
+        for name in ("bos_id", "eos_id"):
+            value = getattr(self, name)
+            check(value is None or 0 <= value < self.vocab_size, name, f"None or in [0, vocab_size={self.vocab_size})",
+                   value)
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @classmethod
+    def from_name(cls, name: str, **overrides) -> "GPTConfig":
+        """A preset style with `overrides` on top (sizes, or any field).
+
+        "gpt2": learned positions, LayerNorm, GELU, biases (Radford et al. 2019).
+        "llama": RoPE, RMSNorm, SwiGLU, no biases, grouped-query attention with two query heads per
+            KV head unless n_kv_heads is given (Touvron et al. 2023; Ainslie et al. 2023).
+        "mistral": llama + a sliding window of max_seq_len / 2 unless given (Jiang et al. 2023).
+        "mixtral": mistral + 8 experts, 2 per token (Jiang et al. 2024).
+        Raises:
+            ValueError: for an unknown name (listing the presets) or an invalid field.
+        """
+        if name not in GPT_PRESETS:
+            raise ValueError(f"unknown GPT preset {name!r}; known presets: {', '.join(GPT_PRESETS)}")
+        fields_ = {**GPT_PRESETS[name], **overrides}
+        if name != "gpt2" and "n_kv_heads" not in overrides:
+            heads = fields_.get("n_heads", cls.n_heads)
+            fields_["n_kv_heads"] = heads // 2 if heads % 2 == 0 else heads
+        if name in ("mistral", "mixtral") and "sliding_window" not in overrides:
+            fields_["sliding_window"] = max(1, fields_.get("max_seq_len", cls.max_seq_len) // 2)
+        return cls(**fields_)
+
+
+_LLAMA = dict(positions="rope", norm="rmsnorm", activation="swiglu", bias=False, norm_eps=1e-6)
+GPT_PRESETS: dict[str, dict] = {
+    "gpt2": dict(positions="learned", norm="layernorm", activation="gelu", bias=True),
+    "llama": _LLAMA,
+    "mistral": _LLAMA,
+    "mixtral": {**_LLAMA, "n_experts": 8, "moe_top_k": 2},
+}
 
 
 @dataclass

@@ -6,16 +6,64 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar, Literal, Optional
 
 import torch
 from torch import nn
 
-from attnlab.config import Seq2SeqConfig
+from attnlab.config import Config, check, check_literals
 from attnlab.nn.blocks import DecoderLayer, EncoderLayer
 from attnlab.nn.kv_cache import KVCache
 from attnlab.nn.linear import Linear
 from attnlab.nn.masks import causal_mask, padding_mask
 from attnlab.nn.positional import SinusoidalPositionalEncoding
+
+
+@dataclass
+class Seq2SeqConfig(Config):
+    """The encoder–decoder Transformer of Vaswani et al. 2017 (Table 3 "base": 512/8/6/2048)."""
+
+    model_type: ClassVar[str] = "seq2seq"  # the run's kind: config.json's "model_type", the task registry key
+
+    vocab_size: int = 8000            # joint source/target vocabulary (set from the tokenizer)
+    d_model: int = 512                # model width D
+    n_heads: int = 8                  # attention heads H; d_model % n_heads == 0
+    n_encoder_layers: int = 6         # N encoder layers
+    n_decoder_layers: int = 6         # N decoder layers
+    d_ff: Optional[int] = None        # FFN hidden size; None = 4 * d_model
+    dropout: float = 0.1              # P_drop on sublayer outputs and embedding sums (paper §5.4)
+    attention_dropout: float = 0.0    # dropout on attention weights (not in the paper)
+    norm_position: Literal["post", "pre"] = "post"  # Post-LN (paper) or Pre-LN (modern)
+    activation: Literal["relu", "gelu"] = "relu"    # FFN non-linearity (paper: ReLU)
+    max_seq_len: int = 256            # longest source or target sequence, in tokens
+    tie_embeddings: bool = True       # share source, target embeddings and output projection (§3.4)
+    attention_impl: Literal["sdpa", "math"] = "sdpa"  # fused kernel or explicit math
+    pad_id: int = 0                   # special token ids (from the tokenizer)
+    bos_id: int = 1
+    eos_id: int = 2
+
+    def __post_init__(self):
+        if self.d_ff is None:
+            self.d_ff = 4 * self.d_model
+        check_literals(self)
+        for name in ("vocab_size", "d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "d_ff",
+                     "max_seq_len"):
+            check(isinstance(getattr(self, name), int) and getattr(self, name) > 0, name,
+                   "a positive integer", getattr(self, name))
+        check(self.d_model % self.n_heads == 0, "d_model", f"divisible by n_heads={self.n_heads}",
+               self.d_model)
+        check(self.d_model % 2 == 0, "d_model", "even (sinusoidal positions)", self.d_model)
+        for name in ("dropout", "attention_dropout"):
+            check(0.0 <= getattr(self, name) < 1.0, name, "in [0, 1)", getattr(self, name))
+        for name in ("pad_id", "bos_id", "eos_id"):
+            check(0 <= getattr(self, name) < self.vocab_size, name, f"in [0, vocab_size={self.vocab_size})",
+                   getattr(self, name))
+        check(len({self.pad_id, self.bos_id, self.eos_id}) == 3, "bos_id", "different from pad_id and eos_id",
+               self.bos_id)
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
 
 
 @dataclass

@@ -7,12 +7,53 @@ n = i · (W/P) + j.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar, Literal, Optional
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnlab.config import ViTConfig
+from attnlab.config import Config, check, check_literals
 from attnlab.nn.blocks import EncoderLayer
+
+
+@dataclass
+class ViTConfig(Config):
+    """The Vision Transformer (Dosovitskiy et al. 2021): P×P patches, [CLS], learned positions, Pre-LN."""
+
+    model_type: ClassVar[str] = "vit"  # the run's kind: config.json's "model_type", the task registry key
+
+    image_size: int = 224             # training image side (square); other sizes interpolate positions
+    patch_size: int = 16              # P; image_size % patch_size == 0
+    in_channels: int = 3              # C (1 for MNIST)
+    n_classes: int = 1000             # classes of the head
+    d_model: int = 768                # hidden size D
+    n_layers: int = 12                # encoder layers
+    n_heads: int = 12                 # attention heads; d_model % n_heads == 0
+    d_ff: Optional[int] = None        # MLP hidden size; None = 4 * d_model
+    dropout: float = 0.0              # on embeddings and sublayer outputs
+    attention_dropout: float = 0.0    # on attention weights
+    norm_eps: float = 1e-6            # LayerNorm ε (ViT's)
+    attention_impl: Literal["sdpa", "math"] = "sdpa"  # fused kernel or explicit math
+
+    def __post_init__(self):
+        if self.d_ff is None:
+            self.d_ff = 4 * self.d_model
+        check_literals(self)
+        for name in ("image_size", "patch_size", "in_channels", "n_classes", "d_model", "n_layers", "n_heads", "d_ff"):
+            value = getattr(self, name)
+            check(isinstance(value, int) and value > 0, name, "a positive integer", value)
+        check(self.image_size % self.patch_size == 0, "image_size", f"divisible by patch_size={self.patch_size}",
+               self.image_size)
+        check(self.d_model % self.n_heads == 0, "d_model", f"divisible by n_heads={self.n_heads}", self.d_model)
+        for name in ("dropout", "attention_dropout"):
+            check(0.0 <= getattr(self, name) < 1.0, name, "in [0, 1)", getattr(self, name))
+
+    @property
+    def grid(self) -> int:
+        """Patches per side at the training size."""
+        return self.image_size // self.patch_size
 
 
 def _check_divisible(h: int, w: int, patch_size: int) -> None:

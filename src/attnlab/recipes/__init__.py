@@ -4,8 +4,16 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from attnlab.config import (BertConfig, GPTConfig, ImageDataConfig, Seq2SeqConfig, TextClassificationDataConfig,
-                            TextDataConfig, TrainConfig, TranslationDataConfig, ViTConfig, parse_value)
+from attnlab.config import parse_value
+from attnlab.models.bert import BertConfig
+from attnlab.models.gpt import GPTConfig
+from attnlab.models.seq2seq import Seq2SeqConfig
+from attnlab.models.vit import ViTConfig
+from attnlab.tasks.language_model import TextDataConfig
+from attnlab.tasks.text_classification import TextClassificationDataConfig
+from attnlab.tasks.translation import TranslationDataConfig
+from attnlab.tasks.vision import ImageDataConfig
+from attnlab.train.config import TrainConfig
 from attnlab.recipes import bert, digits_vit, mnist_vit, multi30k_en_de, shakespeare_bpe, shakespeare_char
 
 

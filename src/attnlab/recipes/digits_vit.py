@@ -14,7 +14,9 @@ NAME = "digits-vit"
 
 
 def recipe():
-    from attnlab.config import ImageDataConfig, TrainConfig, ViTConfig
+    from attnlab.tasks.vision import ImageDataConfig
+    from attnlab.train.config import TrainConfig
+    from attnlab.models.vit import ViTConfig
     from attnlab.recipes import Recipe
 
     return Recipe(

@@ -19,7 +19,9 @@ NAME = "mnist-vit"
 
 
 def recipe():
-    from attnlab.config import ImageDataConfig, TrainConfig, ViTConfig
+    from attnlab.tasks.vision import ImageDataConfig
+    from attnlab.train.config import TrainConfig
+    from attnlab.models.vit import ViTConfig
     from attnlab.recipes import Recipe
 
     return Recipe(

@@ -12,7 +12,9 @@ NAME = "multi30k-en-de"
 
 
 def recipe():
-    from attnlab.config import Seq2SeqConfig, TrainConfig, TranslationDataConfig
+    from attnlab.models.seq2seq import Seq2SeqConfig
+    from attnlab.train.config import TrainConfig
+    from attnlab.tasks.translation import TranslationDataConfig
     from attnlab.recipes import Recipe
 
     return Recipe(

@@ -11,7 +11,8 @@ NAME = "shakespeare-bpe"
 
 
 def recipe():
-    from attnlab.config import GPTConfig, TextDataConfig
+    from attnlab.models.gpt import GPTConfig
+    from attnlab.tasks.language_model import TextDataConfig
     from attnlab.recipes import Recipe
     from attnlab.recipes.shakespeare_char import SIZES, _train
 

@@ -25,7 +25,7 @@ SIZES = dict(d_model=D_MODEL, n_heads=4, n_layers=4, max_seq_len=64, dropout=0.0
 
 
 def _train():
-    from attnlab.config import TrainConfig
+    from attnlab.train.config import TrainConfig
 
     return TrainConfig(lr_schedule="cosine", lr=1e-3, min_lr=1e-4, warmup_steps=100, lr_decay_steps=2000,
                        max_steps=2000, beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.1, label_smoothing=0.0,
@@ -33,7 +33,8 @@ def _train():
 
 
 def recipe():
-    from attnlab.config import GPTConfig, TextDataConfig
+    from attnlab.models.gpt import GPTConfig
+    from attnlab.tasks.language_model import TextDataConfig
     from attnlab.recipes import Recipe
 
     return Recipe(name=NAME, description="GPT-2-style character LM of Tiny Shakespeare (nanoGPT's CPU baby GPT)",
@@ -43,7 +44,8 @@ def recipe():
 
 
 def llama_recipe():
-    from attnlab.config import GPTConfig, TextDataConfig
+    from attnlab.models.gpt import GPTConfig
+    from attnlab.tasks.language_model import TextDataConfig
     from attnlab.recipes import Recipe
 
     return Recipe(name=LLAMA_NAME, description="LLaMA-style character LM of Tiny Shakespeare, same size and budget",

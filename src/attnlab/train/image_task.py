@@ -9,7 +9,9 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from attnlab.config import ImageDataConfig, TrainConfig
+from attnlab.tasks.vision import ImageDataConfig
+
+from attnlab.train.config import TrainConfig
 from attnlab.data.images import normalize, random_shift
 
 

@@ -9,7 +9,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from attnlab.config import TextDataConfig, TrainConfig
+from attnlab.tasks.language_model import TextDataConfig
+
+from attnlab.train.config import TrainConfig
 from attnlab.data.text import TokenStream
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from attnlab.config import TrainConfig
+from attnlab.train.config import TrainConfig
 from attnlab.train.checkpoint import load_training_state, load_weights, save_training_state, save_weights
 from attnlab.train.optim import build_optimizer, cosine_lr, noam_lr, set_lr
 

@@ -7,7 +7,7 @@ import math
 import sacrebleu
 import torch
 
-from attnlab.config import TrainConfig
+from attnlab.train.config import TrainConfig
 from attnlab.data.translation import ParallelCorpus, collate, pad_batch, token_batches
 from attnlab.generate import beam_search, greedy_decode
 from attnlab.models.seq2seq import Seq2SeqTransformer
