@@ -17,17 +17,17 @@ from pathlib import Path
 import torch
 
 from attnlab.recipes import get_recipe
-from attnlab.text_classification import evaluate_bert, train_bert
+from attnlab.tasks.registry import get_task
 
 
 def run(name: str, out: Path, overrides: list[str]) -> dict:
     recipe = get_recipe(name).with_overrides(overrides)
     resume = (out / "checkpoint" / "state.json").is_file()
-    summary = train_bert(recipe, out, resume=resume)
+    summary = get_task("bert").train(recipe, out, resume=resume)
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     seconds = max((r.get("elapsed_s", 0) for r in records), default=0)
     return {"steps": summary["steps"], "parameters": summary["parameters"], "train_seconds": seconds,
-            **evaluate_bert(out, "dev")}
+            **get_task("bert").evaluate(out, "dev")}
 
 
 def main() -> None:

@@ -21,9 +21,12 @@ from pathlib import Path
 import torch
 from _common import machine_peaks, save_figure
 
+from attnlab.data.text import TokenStream, read_text, split_text
 from attnlab.models.gpt import GPTConfig
-from attnlab.lm import train_lm
 from attnlab.recipes import get_recipe
+from attnlab.tasks.language_model import TextDataConfig
+from attnlab.tasks.registry import get_task
+from attnlab.train.checkpoint import load_weights
 
 NANOGPT_VAL_LOSS = 1.88  # nanoGPT README, CPU "baby GPT" after 2,000 iterations
 
@@ -45,12 +48,8 @@ def nanogpt_estimates(run: Path, draws: int = 50, eval_iters: int = 20) -> dict:
     """nanoGPT's CPU validation estimate (the mean loss of eval_iters random batches of 12 × block
     from the validation text), drawn `draws` times on the final weights: its mean, spread and range,
     to put nanoGPT's single reading beside our one exact pass over the whole validation text."""
-    from attnlab.tasks.language_model import TextDataConfig
-    from attnlab.data.text import TokenStream, read_text, split_text
-    from attnlab.lm import load_lm
-    from attnlab.train.checkpoint import load_weights
-
-    model, tokenizer, saved = load_lm(run)
+    loaded = get_task("gpt").load(run)
+    model, tokenizer, saved = loaded.model, loaded.tokenizer, loaded.config
     load_weights(model, run / "checkpoint" / "model.safetensors")  # the last step's weights
     data = TextDataConfig.from_dict(saved["data"])
     val = TokenStream(torch.tensor(tokenizer.encode(split_text(read_text(data.dataset), data.train_fraction)[1])))
@@ -86,12 +85,12 @@ def main() -> None:
         recipe = get_recipe(name).with_overrides(overrides + ([f"seed={seeds[0]}"] if seeds[0] is not None else []))
         out = Path(args.out) / name
         shutil.rmtree(out, ignore_errors=True)
-        summary = train_lm(recipe, out)
+        summary = get_task("gpt").train(recipe, out)
         by_seed = {recipe.train.seed: summary["val_loss"]}
         for seed in seeds[1:]:
             other = out.with_name(f"{name}-seed{seed}")
             shutil.rmtree(other, ignore_errors=True)
-            by_seed[seed] = train_lm(recipe.with_overrides([f"seed={seed}"]), other)["val_loss"]
+            by_seed[seed] = get_task("gpt").train(recipe.with_overrides([f"seed={seed}"]), other)["val_loss"]
         cfg = GPTConfig.from_dict(json.loads((out / "config.json").read_text())["model"])
         records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
         curves[name] = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]

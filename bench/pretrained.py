@@ -25,7 +25,7 @@ from _common import SHARED, machine_peaks
 
 from attnlab.generate import generate
 from attnlab.nn.linear import linear
-from attnlab.pretrained import load_causal_lm
+from attnlab.load import load_causal_lm
 
 
 def prompt_ids(tokenizer, n: int) -> list[int]:

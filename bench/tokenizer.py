@@ -39,7 +39,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # 
 
 from attnlab.data.datasets import search_path  # noqa: E402
 from attnlab.tokenizers import ByteLevelBPE, load_tokenizer  # noqa: E402
-from attnlab.tokenizers.cli import lines_with_ends, read_text_file  # noqa: E402
+from attnlab.cli.tokenizer import lines_with_ends, read_text_file  # noqa: E402
 from attnlab.tokenizers.gguf import find_smollm2_gguf, hf_tokenizer_from_metadata  # noqa: E402
 
 SPECIALS = ["<pad>", "<bos>", "<eos>"]

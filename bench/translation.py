@@ -20,11 +20,12 @@ from pathlib import Path
 import torch
 from _common import SHARED, machine_peaks
 
-from attnlab.models.seq2seq import Seq2SeqConfig
 from attnlab.data.translation import ParallelCorpus, read_parallel, token_batches
+from attnlab.models.seq2seq import Seq2SeqConfig
 from attnlab.recipes import get_recipe
+from attnlab.tasks.registry import get_task
 from attnlab.tokenizers import ByteLevelBPE
-from attnlab.translation import evaluate_translation, train_translation
+
 
 def forward_flops(cfg: Seq2SeqConfig, b: int, s: int, t: int, n_labels: int) -> float:
     """Matmul FLOPs of one teacher-forced forward pass on a (B, S) source and (B, T) target batch,
@@ -40,12 +41,12 @@ def flops_per_target_token(run: Path) -> float:
     """Training FLOPs (3 × forward: forward + backward) per real target token, averaged over an epoch
     of the run's own batches."""
     saved = json.loads((run / "config.json").read_text())
-    cfg, data, train = Seq2SeqConfig.from_dict(saved["model"]), saved["data"], saved["train"]
+    cfg, data = Seq2SeqConfig.from_dict(saved["model"]), {**saved["train"], **saved["data"]}  # older runs kept batch_tokens in "train"
     tok = ByteLevelBPE.load(run / "tokenizer.json")
     src, tgt = read_parallel(data["dataset"], "train", data["src_lang"], data["tgt_lang"])
     corpus = ParallelCorpus.encode(tok, src, tgt, min(data["max_len"], cfg.max_seq_len))
     total = 0.0
-    for batch in token_batches(corpus, train["batch_tokens"], seed=0):
+    for batch in token_batches(corpus, data["batch_tokens"], seed=0):
         s = max(len(corpus.src[i]) for i in batch)
         t = max(len(corpus.tgt[i]) + 1 for i in batch)
         total += 3 * forward_flops(cfg, len(batch), s, t, sum(len(corpus.tgt[i]) + 1 for i in batch))
@@ -73,9 +74,10 @@ def main() -> None:
     out = Path(args.out)
     peaks = machine_peaks()
     recipe = get_recipe("multi30k-en-de").with_overrides(args.set + [f"minutes={args.minutes}", "max_steps=none"])
-    summary = train_translation(recipe, out, resume=args.resume)
-    beam = evaluate_translation(out, "test", beam_size=4)
-    greedy = evaluate_translation(out, "test", beam_size=1)
+    task = get_task("seq2seq")
+    summary = task.train(recipe, out, resume=args.resume)
+    beam = task.evaluate(out, "test", beam=4)
+    greedy = task.evaluate(out, "test", beam=1)
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     curve = [[r["elapsed_s"], r["val_bleu"]] for r in records if "val_bleu" in r and "averaged" not in r]
     averaged = [r["val_bleu"] for r in records if "averaged" in r]

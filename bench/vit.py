@@ -17,15 +17,15 @@ import torch
 from _common import save_figure
 
 from attnlab.recipes import get_recipe
-from attnlab.vision import evaluate_vit, train_vit
+from attnlab.tasks.registry import get_task
 
 
 def run(name: str, out: Path, overrides: list[str]) -> tuple[dict, list]:
     shutil.rmtree(out, ignore_errors=True)
-    summary = train_vit(get_recipe(name).with_overrides(overrides), out)
+    summary = get_task("vit").train(get_recipe(name).with_overrides(overrides), out)
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     curve = [[r["elapsed_s"], r["accuracy"]] for r in records if "accuracy" in r]
-    final = evaluate_vit(out, "test")
+    final = get_task("vit").evaluate(out, "test")
     seconds = max(r["elapsed_s"] for r in records)
     return {"held_out_accuracy": final["accuracy"], "n_test": final["n"], "steps": summary["steps"],
             "parameters": summary["parameters"], "train_seconds": seconds,

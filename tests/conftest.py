@@ -6,7 +6,9 @@ import random
 import pytest
 import torch
 
+import attnlab.data.datasets as datasets
 from attnlab.models.seq2seq import Seq2SeqConfig
+from attnlab.recipes import get_recipe
 
 EN = "a man woman dog cat runs sits on the street in snow red blue big small two".split()
 DE = "ein mann frau hund katze läuft sitzt auf der straße im schnee rot blau groß klein zwei".split()
@@ -46,3 +48,44 @@ def tiny_multi30k(tmp_path, monkeypatch):
         (folder / f"{split}.de").write_text("".join(d + "\n" for _, d in pairs), encoding="utf-8")
     monkeypatch.setenv("ATTNLAB_DATA", str(root))
     return folder
+
+
+# ----------------------------------------------------------------------------- tiny translation runs
+TINY = ["d_model=32", "n_heads=4", "n_encoder_layers=1", "n_decoder_layers=1", "d_ff=64", "dropout=0.1",
+        "tokenizer_vocab_size=300", "batch_tokens=200", "warmup_steps=5", "eval_every=4",
+        "checkpoint_every=2", "eval_bleu_sentences=5", "log_every=1", "average_last=2", "minutes=none"]
+
+
+def tiny_recipe(steps, extra=()):
+    """The multi30k-en-de recipe shrunk to a few seconds (with the tiny_multi30k fixture)."""
+    return get_recipe("multi30k-en-de").with_overrides(TINY + [f"max_steps={steps}", *extra])
+
+
+# ----------------------------------------------------------------------------- tiny language-model runs
+WORDS = "to be or not that is the question whether tis nobler in mind suffer slings and arrows".split()
+TINY_LM = ["d_model=32", "n_heads=4", "n_layers=2", "max_seq_len=16", "block_size=16", "batch_size=8",
+           "lr=0.01", "min_lr=0.001", "warmup_steps=5", "lr_decay_steps=30", "eval_every=10",
+           "checkpoint_every=10", "log_every=5"]
+
+
+def tiny_text(n_sentences=150, seed=0) -> str:
+    rng = random.Random(seed)
+    lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 6))).capitalize() + "." for _ in range(n_sentences)]
+    return "To be or not to be.\n" + "\n".join(lines) + "\n"
+
+
+@pytest.fixture
+def tiny_shakespeare(tmp_path, monkeypatch):
+    """A few KB of simple sentences as tinyshakespeare/input.txt, the only place searched."""
+    root = tmp_path / "data"
+    (root / "tinyshakespeare").mkdir(parents=True)
+    text = tiny_text()
+    (root / "tinyshakespeare" / "input.txt").write_text(text, encoding="utf-8")
+    monkeypatch.setenv("ATTNLAB_DATA", str(root))
+    monkeypatch.setattr(datasets, "search_path", lambda: [root])
+    return text
+
+
+def tiny_lm_recipe(steps, extra=()):
+    """The shakespeare-char recipe shrunk to a few seconds (with the tiny_shakespeare fixture)."""
+    return get_recipe("shakespeare-char").with_overrides(TINY_LM + [f"max_steps={steps}", *extra])

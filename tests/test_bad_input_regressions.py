@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from attnlab.cli import main
-from tests.train.test_lm import TINY_LM, tiny_shakespeare  # noqa: F401  (fixture)
+from tests.conftest import TINY_LM
 
 
 def test_an_empty_image_is_refused_with_its_size():
@@ -28,7 +28,7 @@ def test_a_classifier_needs_two_labels():
         BertConfig(n_labels=1)
 
 
-def test_a_damaged_checkpoint_names_the_file(tiny_shakespeare, tmp_path, capsys):  # noqa: F811
+def test_a_damaged_checkpoint_names_the_file(tiny_shakespeare, tmp_path, capsys):
     out = tmp_path / "run"
     sets = [x for s in TINY_LM for x in ("--set", s)]
     assert main(["train", "--recipe", "shakespeare-char", "--steps", "10", "--out", str(out), *sets]) == 0
@@ -42,7 +42,7 @@ def test_a_damaged_checkpoint_names_the_file(tiny_shakespeare, tmp_path, capsys)
     assert "state.json" in capsys.readouterr().err
 
 
-def test_resuming_under_another_recipe_is_refused(tiny_shakespeare, tmp_path, capsys):  # noqa: F811
+def test_resuming_under_another_recipe_is_refused(tiny_shakespeare, tmp_path, capsys):
     out = tmp_path / "run"
     sets = [x for s in TINY_LM for x in ("--set", s)]
     assert main(["train", "--recipe", "shakespeare-char", "--steps", "10", "--out", str(out), *sets]) == 0
@@ -57,7 +57,7 @@ def test_a_missing_init_run_says_how_to_make_it(capsys, tmp_path):
 
 
 def test_an_empty_stdin_line_is_named(monkeypatch):
-    from attnlab.cli_models import _texts
+    from attnlab.cli.args import texts as _texts
 
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"a\n\nb\n")))
     with pytest.raises(ValueError, match="stdin line 2 is empty"):

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from attnlab.cli import main
-from tests.train.test_resume import TINY
+from tests.conftest import TINY
 
 
 def run_cli(*args, stdin=""):
@@ -41,7 +41,7 @@ def test_translate_reads_stdin_and_skips_empty_lines_keeping_alignment(trained):
 def test_non_utf8_stdin_names_the_line(trained):
     r = subprocess.run([sys.executable, "-m", "attnlab", "translate", "--model", str(trained)],
                        input=b"A dog.\n\xff\xfe cat\n", capture_output=True, timeout=300)
-    assert r.returncode == 2 and b"stdin line 2 is not valid UTF-8" in r.stderr
+    assert r.returncode == 2 and b"stdin line 2: not valid UTF-8 at byte offset" in r.stderr
 
 
 def test_resuming_a_finished_run_changes_nothing(trained, capsys):

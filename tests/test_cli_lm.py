@@ -3,7 +3,7 @@ import json
 import pytest
 
 from attnlab.cli import main
-from tests.train.test_lm import TINY_LM, tiny_shakespeare  # noqa: F401  (fixture)
+from tests.conftest import TINY_LM
 
 
 def exit_code(argv):
@@ -15,7 +15,7 @@ def exit_code(argv):
 
 
 @pytest.fixture
-def lm_dir(tiny_shakespeare, tmp_path, capsys):  # noqa: F811
+def lm_dir(tiny_shakespeare, tmp_path, capsys):
     out = tmp_path / "run"
     sets = [x for s in TINY_LM + ["max_seq_len=32"] for x in ("--set", s)]  # room for prompt + 30 tokens
     assert main(["train", "--recipe", "shakespeare-char", "--steps", "20", "--out", str(out), *sets]) == 0
@@ -106,7 +106,7 @@ def test_empty_prompt_and_missing_model_exit_2_in_one_line(lm_dir, tmp_path, cap
         assert captured.out == "" and len(err) == 1 and str(missing) in err[0]
 
 
-def test_invalid_model_setting_on_train_exits_2_naming_the_field(tiny_shakespeare, tmp_path, capsys):  # noqa: F811
+def test_invalid_model_setting_on_train_exits_2_naming_the_field(tiny_shakespeare, tmp_path, capsys):
     out = tmp_path / "bad"
     argv = ["train", "--recipe", "shakespeare-char", "--steps", "2", "--out", str(out),
             "--set", "n_heads=4", "--set", "n_kv_heads=3"]
@@ -116,7 +116,7 @@ def test_invalid_model_setting_on_train_exits_2_naming_the_field(tiny_shakespear
     assert not out.exists()
 
 
-def test_llama_recipe_trains_and_generates(tiny_shakespeare, tmp_path, capsys):  # noqa: F811
+def test_llama_recipe_trains_and_generates(tiny_shakespeare, tmp_path, capsys):
     out = tmp_path / "llama"
     sets = [x for s in TINY_LM for x in ("--set", s)]
     assert main(["train", "--recipe", "shakespeare-char-llama", "--steps", "5", "--out", str(out), *sets,

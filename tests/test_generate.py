@@ -4,7 +4,7 @@ import torch
 from attnlab.data.translation import ParallelCorpus, collate
 from attnlab.generate import beam_search, greedy_decode, length_penalty
 from attnlab.models.seq2seq import Seq2SeqTransformer
-from attnlab.train.translation_task import teacher_forcing_loss
+from attnlab.tasks.translation import teacher_forcing_loss
 from tests.conftest import tiny_config
 
 

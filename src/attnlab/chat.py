@@ -2,8 +2,13 @@
 assistant's turn, keep the conversation."""
 from __future__ import annotations
 
+import json
 from datetime import datetime
 
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from attnlab.generate import generate
 from attnlab.textstream import TextStream
 
 
@@ -20,11 +25,6 @@ def render_chat(template: str, messages: list[dict], add_generation_prompt: bool
     Raises:
         ValueError: when the template raises (e.g. roles out of order) or does not parse.
     """
-    import json
-
-    import jinja2
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
     def raise_exception(message):
         raise ValueError(f"chat template: {message}")
 
@@ -41,7 +41,7 @@ def render_chat(template: str, messages: list[dict], add_generation_prompt: bool
 
 
 class Chat:
-    """A multi-turn conversation with a causal LM (pretrained.Loaded with a chat template).
+    """A multi-turn conversation with a causal LM (load.Loaded with a chat template).
 
     Args:
         loaded: the model. system: an optional system message. generation: keyword arguments of
@@ -74,8 +74,6 @@ class Chat:
     def send(self, text: str, on_text=None) -> str:
         """Add a user turn, generate the assistant's reply (calling on_text(piece) as it streams), keep
         both in the conversation and return the reply."""
-        from attnlab.generate import generate
-
         if not text.strip():
             raise ValueError("empty message")
         self.messages.append({"role": "user", "content": text})

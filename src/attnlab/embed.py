@@ -19,15 +19,15 @@ def embed(loaded, texts: list[str], batch_size: int = 32) -> torch.Tensor:
     all-MiniLM-L6-v2 (its model card: mean pooling, then normalisation).
 
     Args:
-        loaded: pretrained.Loaded of kind "encoder". texts: sentences; one longer than the model's
+        loaded: load.Loaded of an encoder (model_type "bert"). texts: sentences; one longer than the model's
             max_seq_len tokens is truncated with a warning.
     Returns:
         (B, D) float32, each row of unit norm.
     Raises:
         ValueError: for an empty list or a model that is not an encoder.
     """
-    if loaded.kind != "encoder":
-        raise ValueError(f"{loaded.source} is a {loaded.kind} model; embed needs an encoder (e.g. all-minilm-l6-v2)")
+    if loaded.model_type != "bert":
+        raise ValueError(f"{loaded.source} is a {loaded.model_type} model; embed needs an encoder (e.g. all-minilm-l6-v2)")
     if not texts:
         raise ValueError("no text to embed")
     out = []

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from attnlab.models.seq2seq import Seq2SeqTransformer
+from attnlab.sampling import check_sampling, sample_next
 
 
 def _max_new_tokens(model: Seq2SeqTransformer, src: torch.Tensor, max_new_tokens: int | None) -> int:
@@ -202,8 +203,6 @@ def generate(model, prompts: list[list[int]], max_new_tokens: int = 128, tempera
         ValueError: for an empty prompt list or prompt, an invalid sampling argument, or a context
             longer than max_seq_len (see check_context).
     """
-    from attnlab.sampling import check_sampling, sample_next
-
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token (an empty prompt has nothing to continue)")
     if max_new_tokens < 1:

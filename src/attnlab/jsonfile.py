@@ -1,10 +1,10 @@
-"""JSON files: read a JSON object with clear errors, write atomically (temp file + os.replace)."""
+"""JSON files: read a JSON object with clear errors, write atomically (files.atomic_write)."""
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
+
+from attnlab.files import atomic_write
 
 
 def read_json(path: str | Path) -> dict:
@@ -27,18 +27,7 @@ def read_json(path: str | Path) -> dict:
 
 
 def write_json_atomic(path: str | Path, obj) -> None:
-    """Write `obj` as JSON (UTF-8, indented) to `path` through a temporary file in the same folder;
-    readers see the old file or the new one, never a part. The file gets mode 0644."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, ensure_ascii=False, indent=2)
-            f.write("\n")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Write `obj` as JSON (UTF-8, indented) to `path` atomically (files.atomic_write): readers see the
+    old file or the new one, never a part."""
+    text = json.dumps(obj, ensure_ascii=False, indent=2) + "\n"
+    atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))

@@ -26,8 +26,8 @@ TOKENS = [token_to_unicode(bytes([b])) for b in range(256)] + ["Ġt", "<s>", "</
 TYPES = [1] * 257 + [3, 3]  # normal, then two control tokens
 TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
 # llama.cpp's tensor names (llama-arch.cpp LLM_TENSOR_NAMES), written out independently of ours.
-LAYER = {"attn_norm": "res_attn.norm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
-         "attn_v": "self_attn.v_proj", "attn_output": "self_attn.out_proj", "ffn_norm": "res_ffn.norm",
+LAYER = {"attn_norm": "attn_norm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+         "attn_v": "self_attn.v_proj", "attn_output": "self_attn.out_proj", "ffn_norm": "ffn_norm",
          "ffn_gate": "ffn.gate_proj", "ffn_up": "ffn.up_proj", "ffn_down": "ffn.down_proj"}
 
 

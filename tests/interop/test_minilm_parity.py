@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from attnlab.embed import embed
-from attnlab.pretrained import load_encoder, resolve
+from attnlab.load import load_encoder, resolve
 
 pytest.importorskip("sentence_transformers")
 try:

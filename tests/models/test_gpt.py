@@ -4,6 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from attnlab import generate as generate_module
 from attnlab import sampling
 from attnlab.models.gpt import GPTConfig
 from attnlab.generate import generate
@@ -148,7 +149,7 @@ def run_generate(model, prompts, n, use_cache, monkeypatch):
         return real(logits, *args, **kwargs)
 
     with monkeypatch.context() as m:
-        m.setattr(sampling, "sample_next", record)
+        m.setattr(generate_module, "sample_next", record)  # generate.py calls the name it imported
         out = generate(model, prompts, n, use_cache=use_cache)
     return out, torch.stack(seen)
 

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from attnlab.models.seq2seq import Seq2SeqTransformer
-from attnlab.train.translation_task import teacher_forcing_loss
+from attnlab.tasks.translation import teacher_forcing_loss
 from tests.conftest import tiny_config
 
 

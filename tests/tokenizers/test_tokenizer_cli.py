@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from attnlab.cli import main
 from attnlab.tokenizers import ByteLevelBPE, load_tokenizer
-from attnlab.tokenizers.cli import lines_with_ends
+from attnlab.cli.tokenizer import lines_with_ends
 from attnlab.tokenizers.viz import format_trace, merge_steps
 from tokenizer_corpus import STRESS, TEXTS, write_gguf
 
@@ -147,7 +147,7 @@ def test_gguf_without_gguf_package_exits_2(tmp_path, capsys, monkeypatch):
     (b"[1, 2]\nnot json\n", "stdin line 2: expected a JSON list of token ids"),
     (b"[1, 2.5]\n", "stdin line 1: expected a JSON list"),
     (b"[99999]\n", "token id 99999 is not in the vocabulary"),
-    (b"ok\n\xff\n", "stdin: not valid UTF-8 at byte offset 3"),
+    (b"ok\n\xff\n", "stdin line 2: not valid UTF-8 at byte offset 0 (byte 0xff)"),
 ])
 def test_decode_errors_exit_2(tok_gpt2, tmp_path, capsys, monkeypatch, stdin, message):
     tok_gpt2.save(tmp_path)

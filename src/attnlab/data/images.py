@@ -184,7 +184,7 @@ def read_image_file(path: str | Path) -> torch.Tensor:
         except ValueError as e:
             raise ValueError(f"{path} is not a readable PGM image ({e})") from None
     try:
-        from PIL import Image
+        from PIL import Image  # optional dependency (Pillow), for PNG/JPEG files
     except ImportError:
         Image = None
     try:
@@ -192,7 +192,7 @@ def read_image_file(path: str | Path) -> torch.Tensor:
             with Image.open(path) as im:
                 array = np.asarray(im.convert("L"), dtype=np.float32) / 255.0
         else:
-            import matplotlib.image as mpimg
+            import matplotlib.image as mpimg  # optional dependency (the viz extra)
             array = np.asarray(mpimg.imread(path), dtype=np.float32)
             if array.ndim == 3:  # RGB(A) in [0, 1]: luminance, alpha dropped
                 array = array[..., :3] @ np.array([0.299, 0.587, 0.114], dtype=np.float32)

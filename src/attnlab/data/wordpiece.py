@@ -6,6 +6,12 @@ Also the English text the bert-mlm recipe pretrains on.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
+
+from attnlab.data.classification import read_sst2
+from attnlab.data.datasets import find_dataset
+from attnlab.data.text import read_text, split_text
+from attnlab.data.translation import read_lines
 
 log = logging.getLogger("attnlab")
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -14,11 +20,6 @@ SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 def pretraining_sentences() -> list[str]:
     """English sentences without labels: SST-2's training sentences, Multi30k's English training
     captions and Tiny Shakespeare's first 90% (the LM recipes' training split), one line each."""
-    from attnlab.data.classification import read_sst2
-    from attnlab.data.text import read_text, split_text
-    from attnlab.data.translation import read_lines
-    from attnlab.data.datasets import find_dataset
-
     sst2, _ = read_sst2("train")
     multi30k = read_lines(find_dataset("multi30k", ["train.en"]) / "train.en")
     shakespeare = [line for line in split_text(read_text("tinyshakespeare"), 0.9)[0].splitlines() if line.strip()]
@@ -31,6 +32,7 @@ def train_wordpiece(sentences: list[str], vocab_size: int):
 
     Source: Devlin et al. 2019, §3 (WordPiece, 30,000 tokens; [CLS] first, [SEP] last).
     """
+    # optional dependency (the hf and dev extras): only the BERT recipes need WordPiece
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
@@ -41,6 +43,28 @@ def train_wordpiece(sentences: list[str], vocab_size: int):
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
                                                        special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    return tok
+
+
+def load_wordpiece(path: str | Path):
+    """A WordPiece tokenizer.json (ours or a HF BERT's) as a tokenizers.Tokenizer that neither pads nor
+    truncates (callers cut to max_len themselves, keeping [SEP]).
+
+    Raises:
+        FileNotFoundError: naming the file. ValueError: naming the file when it cannot be read.
+    """
+    # optional dependency (the hf and dev extras): only the BERT models need WordPiece
+    from tokenizers import Tokenizer
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no tokenizer at {path}")
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as e:  # tokenizers raises its own exception type for a malformed file
+        raise ValueError(f"{path} is not a readable tokenizer.json ({e})") from None
+    tok.no_padding()
+    tok.no_truncation()
     return tok
 
 

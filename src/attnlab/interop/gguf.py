@@ -6,7 +6,7 @@ GGUF tensor names -> ours (N = layer):
     token_embd / output_norm / output          embed_tokens / norm / lm_head (absent: tied)
     blk.N.attn_{q,k,v,output}                  layers.N.self_attn.{q,k,v,out}_proj
     blk.N.ffn_{gate,up,down}                   layers.N.ffn.{gate,up,down}_proj
-    blk.N.attn_norm / blk.N.ffn_norm           layers.N.res_attn.norm / layers.N.res_ffn.norm
+    blk.N.attn_norm / blk.N.ffn_norm           layers.N.attn_norm / layers.N.ffn_norm
 GGUF lists a tensor's dims innermost first (ggml's ne): a weight of ne [I, O] is our (O, I).
 Q/K rows: llama.cpp rotates interleaved pairs (2i, 2i+1) of a head, we rotate (i, i + Dh/2) as
 HF LLaMA does. Its convert_hf_to_gguf.py therefore stores q_proj / k_proj with each head's rows
@@ -41,7 +41,7 @@ _CHECKED = ("vocab_size", "rope.dimension_count", "attention.key_length",
             "expert_used_count")
 _LAYER = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
           "attn_output": "self_attn.out_proj", "ffn_gate": "ffn.gate_proj", "ffn_up": "ffn.up_proj",
-          "ffn_down": "ffn.down_proj", "attn_norm": "res_attn.norm", "ffn_norm": "res_ffn.norm"}
+          "ffn_down": "ffn.down_proj", "attn_norm": "attn_norm", "ffn_norm": "ffn_norm"}
 _TOP = {"token_embd": "embed_tokens", "output_norm": "norm", "output": "lm_head"}
 
 
@@ -197,7 +197,7 @@ def load_gguf(path) -> tuple[GPT, ByteLevelBPE, dict[str, Any]]:
     path = Path(path)
     _read_header(path)
     try:
-        from gguf import GGUFReader
+        from gguf import GGUFReader  # optional dependency (the hf extra)
     except ImportError as err:
         raise ImportError("reading GGUF needs the `gguf` package: pip install 'attnlab[hf]'") from err
     try:

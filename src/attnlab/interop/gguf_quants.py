@@ -30,7 +30,7 @@ PLAIN = ("F32", "F16", "BF16")
 
 def _type_name(ggml_type) -> str:
     try:
-        from gguf import GGMLQuantizationType
+        from gguf import GGMLQuantizationType  # optional dependency (the hf extra): type names
         return GGMLQuantizationType(int(ggml_type)).name
     except (ImportError, ValueError):
         return f"type {int(ggml_type)}"

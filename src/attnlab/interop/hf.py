@@ -9,89 +9,25 @@ the matching architecture, so that transformers' AutoModelForCausalLM loads it w
 The config mapping is in hf_config.py, the tensor mapping in hf_weights.py.
 
 Weights are never unpickled: a directory that only holds pytorch_model.bin (or any other pickle) is
-refused before anything is read. Writes are atomic (temp dir + rename), as in train/checkpoint.py.
+refused before anything is read. Writes are atomic (files.atomic_directory), as every save.
 Transformers itself is not needed (only the parity tests use it).
 """
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from attnlab import jsonfile
+from attnlab.files import atomic_directory
 from attnlab.interop.hf_config import gpt_config_from_hf, hf_config_for
 from attnlab.interop.hf_weights import check_tensors, from_hf, normalize, to_hf
+from attnlab.interop.safetensors_dir import INDEX, SINGLE, read_tensors, weight_files
 from attnlab.models.gpt import GPT
 
-SINGLE, INDEX = "model.safetensors", "model.safetensors.index.json"
-_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle", ".bin.index.json")
 # What save_hf writes; an existing out_dir holding anything else is not replaced.
 _HF_FILES = {"config.json", SINGLE, INDEX, "tokenizer.json", "tokenizer_config.json", "generation_config.json"}
-
-
-def _refuse_pickles(names: list[str], where: Path) -> None:
-    pickles = sorted(n for n in names if n.endswith(_PICKLE_SUFFIXES))
-    if pickles:
-        raise ValueError(f"{where} holds pickled weights ({', '.join(pickles)}) and no {SINGLE}; attnlab never "
-                         f"unpickles weights: convert them to safetensors first (e.g. transformers' "
-                         f"save_pretrained(..., safe_serialization=True) where you trust the file)")
-
-
-def weight_files(folder: Path) -> list[Path]:
-    """The safetensors files of a model directory: model.safetensors, or the shards named by
-    model.safetensors.index.json. Reads no weights.
-
-    Raises:
-        FileNotFoundError: no such directory, or no weights in it.
-        ValueError: the directory (or the index) has pickled weights only, or the index is malformed
-            or names a file outside the directory.
-    """
-    folder = Path(folder)
-    if folder.is_file():
-        _refuse_pickles([folder.name], folder.parent)
-        raise ValueError(f"{folder} is a file; load_hf takes the model directory that holds config.json")
-    if not folder.is_dir():
-        raise FileNotFoundError(f"no model directory at {folder}")
-    if (folder / SINGLE).is_file():
-        return [folder / SINGLE]
-    if not (folder / INDEX).is_file():
-        _refuse_pickles([p.name for p in folder.iterdir()], folder)
-        raise FileNotFoundError(f"no {SINGLE} or {INDEX} in {folder}")
-    weight_map = jsonfile.read_json(folder / INDEX).get("weight_map")
-    if not isinstance(weight_map, dict) or not weight_map:
-        raise ValueError(f"{folder / INDEX} has no weight_map")
-    names = sorted(set(map(str, weight_map.values())))
-    _refuse_pickles(names, folder / INDEX)
-    bad = [n for n in names if not n.endswith(".safetensors") or Path(n).name != n]
-    if bad:
-        raise ValueError(f"{folder / INDEX} names files that are not safetensors shards in {folder}: {bad}")
-    missing = [n for n in names if not (folder / n).is_file()]
-    if missing:
-        raise FileNotFoundError(f"{folder / INDEX} names missing shard(s) {missing}")
-    return [folder / n for n in names]
-
-
-def read_tensors(files: list[Path]) -> dict[str, torch.Tensor]:
-    """All tensors of one or more safetensors files (CPU).
-
-    Raises:
-        ValueError: naming a file that is not readable safetensors, or a tensor held by two shards.
-    """
-    tensors: dict[str, torch.Tensor] = {}
-    for path in files:
-        try:
-            part = load_file(str(path))
-        except Exception as e:  # safetensors raises its own error types for a bad header
-            raise ValueError(f"{path} is not a readable safetensors file ({e})") from None
-        twice = sorted(tensors.keys() & part.keys())
-        if twice:
-            raise ValueError(f"tensor(s) {twice[:5]} appear in more than one shard (again in {path.name})")
-        tensors.update(part)
-    return tensors
 
 
 def load_hf(path, dtype: torch.dtype = torch.float32) -> tuple[GPT, dict]:
@@ -190,22 +126,9 @@ def save_hf(model: GPT, out_dir, tokenizer=None) -> None:
     tensors = {k: v.cpu() for k, v in to_hf(hf["architectures"][0], state, cfg.tie_embeddings).items()}
     out = Path(out_dir)
     _check_replaceable(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=out.name + ".tmp"))
-    try:
+    with atomic_directory(out) as tmp:
         save_file(tensors, str(tmp / SINGLE), metadata={"format": "pt"})
-        os.chmod(tmp / SINGLE, 0o644)
         jsonfile.write_json_atomic(tmp / "config.json", hf)
         if tokenizer is not None:
             tokenizer.save(tmp / "tokenizer.json")
             jsonfile.write_json_atomic(tmp / "tokenizer_config.json", _tokenizer_config(tokenizer, cfg))
-        os.chmod(tmp, 0o755)  # mkdtemp makes 0700
-        old = out.with_name(out.name + ".old")
-        shutil.rmtree(old, ignore_errors=True)
-        if out.exists():
-            os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise

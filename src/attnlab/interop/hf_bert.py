@@ -4,9 +4,9 @@ HF names (with or without the "bert." prefix of the task models) ↔ ours:
     embeddings.{word,position,token_type}_embeddings   embed_{tokens,positions,segments}
     embeddings.LayerNorm                               embed_norm
     encoder.layer.N.attention.self.{query,key,value}   layers.N.self_attn.{q,k,v}_proj
-    encoder.layer.N.attention.output.dense / LayerNorm layers.N.self_attn.out_proj / res_attn.norm
+    encoder.layer.N.attention.output.dense / LayerNorm layers.N.self_attn.out_proj / attn_norm
     encoder.layer.N.intermediate.dense / output.dense  layers.N.ffn.up_proj / down_proj
-    encoder.layer.N.output.LayerNorm                   layers.N.res_ffn.norm
+    encoder.layer.N.output.LayerNorm                   layers.N.ffn_norm
     pooler.dense                                       pooler
     cls.predictions.transform.dense / LayerNorm / bias mlm_transform / mlm_norm / mlm_bias
     classifier                                         classifier
@@ -14,21 +14,24 @@ HF names (with or without the "bert." prefix of the task models) ↔ ours:
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 
-from attnlab.models.bert import BertConfig
-from attnlab.models.bert import Bert
+from attnlab.data.wordpiece import load_wordpiece
+from attnlab.files import atomic_directory
+from attnlab.interop.safetensors_dir import read_safetensors_dir
+from attnlab.jsonfile import read_json
+from attnlab.models.bert import Bert, BertConfig
+from attnlab.pretrained import resolve
 
 _ACTS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
 _LAYER = {"attention.self.query": "self_attn.q_proj", "attention.self.key": "self_attn.k_proj",
           "attention.self.value": "self_attn.v_proj", "attention.output.dense": "self_attn.out_proj",
-          "attention.output.LayerNorm": "res_attn.norm", "intermediate.dense": "ffn.up_proj",
-          "output.dense": "ffn.down_proj", "output.LayerNorm": "res_ffn.norm"}
+          "attention.output.LayerNorm": "attn_norm", "intermediate.dense": "ffn.up_proj",
+          "output.dense": "ffn.down_proj", "output.LayerNorm": "ffn_norm"}
 _TOP = {"embeddings.word_embeddings": "embed_tokens", "embeddings.position_embeddings": "embed_positions",
         "embeddings.token_type_embeddings": "embed_segments", "embeddings.LayerNorm": "embed_norm",
         "pooler.dense": "pooler"}
@@ -129,21 +132,41 @@ def bert_hf_config(cfg: BertConfig) -> dict:
 
 def save_bert_hf(model: Bert, out_dir: str | Path, tokenizer_json: str | Path | None = None) -> Path:
     """Write `model` as a HF BERT directory (config.json, model.safetensors[, tokenizer.json]) that
-    transformers' BertModel / BertForMaskedLM / BertForSequenceClassification load; atomically."""
-    from safetensors.torch import save_file
-
+    transformers' BertModel / BertForMaskedLM / BertForSequenceClassification load; atomically
+    (files.atomic_directory)."""
     out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=out.name + ".tmp"))
-    try:
+    with atomic_directory(out) as tmp:
         tensors = {ours_to_hf(k): v.detach().contiguous().clone() for k, v in model.state_dict().items()}
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(bert_hf_config(model.cfg), indent=2))
         if tokenizer_json is not None:
             shutil.copyfile(tokenizer_json, tmp / "tokenizer.json")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def load_hf_bert(name_or_path: str) -> tuple[Bert, object, Path, int]:
+    """A BERT encoder in the HF layout (config.json, model.safetensors, tokenizer.json), by path or
+    by pretrained name (all-minilm-l6-v2).
+
+    Returns:
+        (model in eval mode, WordPiece tokenizer, its tokenizer.json, the longest input its pooling
+        config allows (sentence_bert_config.json's max_seq_length, else max_seq_len)).
+    Raises:
+        FileNotFoundError, ValueError: naming what is missing or unsupported.
+    """
+    path = resolve(name_or_path)
+    if not path.is_dir():
+        raise ValueError(f"{name_or_path} is a single file (GGUF, a language model); a BERT encoder is a directory "
+                         f"such as all-minilm-l6-v2")
+    config = read_json(path / "config.json")
+    if config.get("model_type") != "bert":
+        raise ValueError(f"{path}: model_type {config.get('model_type')!r} is not an encoder this loads (bert)")
+    tokenizer = load_wordpiece(path / "tokenizer.json")
+    special = {t: tokenizer.token_to_id(t) for t in ("[CLS]", "[SEP]", "[MASK]", "[PAD]")
+               if tokenizer.token_to_id(t) is not None}
+    model = Bert(bert_config_from_hf(config, special))
+    load_bert_state(model, read_safetensors_dir(path), str(path))
+    limit = None
+    if (path / "sentence_bert_config.json").is_file():
+        limit = read_json(path / "sentence_bert_config.json").get("max_seq_length")
+    return model.eval(), tokenizer, path / "tokenizer.json", limit or model.cfg.max_seq_len

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.config import Config, check, check_literals
-from attnlab.nn.blocks import EncoderLayer
+from attnlab.models.base import Model
+from attnlab.nn.blocks import encoder_layer
 from attnlab.nn.mlp import ACTIVATIONS
 
 
@@ -66,7 +67,7 @@ class BertConfig(Config):
         return self.d_model // self.n_heads
 
 
-class Bert(nn.Module):
+class Bert(Model):
     """The BERT encoder with a pooler, a masked-language-model head and a classification head.
 
     embeddings = LayerNorm(token + position + segment) then dropout; L Post-LN encoder layers with
@@ -87,8 +88,9 @@ class Bert(nn.Module):
         self.embed_norm = nn.LayerNorm(d, eps=cfg.norm_eps)
         self.dropout = nn.Dropout(cfg.dropout)
         self.layers = nn.ModuleList(
-            EncoderLayer(d, cfg.n_heads, cfg.d_ff, cfg.dropout, "post", cfg.activation, cfg.attention_impl,
-                         cfg.attention_dropout, cfg.norm_eps) for _ in range(cfg.n_layers))
+            encoder_layer(d_model=d, n_heads=cfg.n_heads, d_ff=cfg.d_ff, activation=cfg.activation, norm_position="post",
+                          dropout=cfg.dropout, attention_dropout=cfg.attention_dropout, norm_eps=cfg.norm_eps,
+                          impl=cfg.attention_impl) for _ in range(cfg.n_layers))
         self.pooler = nn.Linear(d, d)
         self.mlm_transform = nn.Linear(d, d)
         self.mlm_norm = nn.LayerNorm(d, eps=cfg.norm_eps)
@@ -104,9 +106,6 @@ class Bert(nn.Module):
                 nn.init.zeros_(module.bias)
         with torch.no_grad():
             self.embed_tokens.weight[self.cfg.pad_id].zero_()
-
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -133,7 +132,7 @@ class Bert(nn.Module):
         x = self.dropout(self.embed_norm(x))
         mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, S), True = real key
         for layer in self.layers:
-            x = layer(x, mask)
+            x = layer(x, mask=mask).hidden
         return x
 
     def pooled(self, hidden: torch.Tensor) -> torch.Tensor:

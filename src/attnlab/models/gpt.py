@@ -13,10 +13,14 @@ import torch
 from torch import nn
 
 from attnlab.config import Config, check, check_literals
-from attnlab.nn.blocks import DecoderOnlyLayer
+from attnlab.models.base import Model
+from attnlab.nn.attention import MultiHeadAttention
+from attnlab.nn.blocks import TransformerLayer
 from attnlab.nn.kv_cache import KVCache
 from attnlab.nn.linear import Linear
 from attnlab.nn.masks import causal_mask
+from attnlab.nn.mlp import make_ffn
+from attnlab.nn.moe import MixtureOfExperts
 from attnlab.nn.norm import make_norm
 from attnlab.nn.positional import sinusoidal_table
 from attnlab.nn.rope import RotaryEmbedding
@@ -132,6 +136,21 @@ GPT_PRESETS: dict[str, dict] = {
 }
 
 
+def _decoder_block(cfg: GPTConfig) -> TransformerLayer:
+    """One GPT/LLaMA block: masked self-attention (MHA/GQA, RoPE applied by the model) then an FFN or a
+    mixture of experts, with cfg's norm, norm position and biases."""
+    d = cfg.d_model
+    attn = MultiHeadAttention(d, cfg.n_heads, n_kv_heads=cfg.n_kv_heads, dropout=cfg.attention_dropout, bias=cfg.bias,
+                              impl=cfg.attention_impl, qkv_bias=cfg.qkv_bias)
+    if cfg.n_experts:
+        ffn = MixtureOfExperts(d, cfg.d_ff, cfg.n_experts, cfg.moe_top_k, cfg.activation, bias=cfg.bias)
+    else:
+        ffn = make_ffn(d, cfg.d_ff, cfg.activation, bias=cfg.bias)
+    return TransformerLayer(self_attn=attn, ffn=ffn, attn_norm=make_norm(cfg.norm, d, cfg.norm_eps, cfg.bias),
+                            ffn_norm=make_norm(cfg.norm, d, cfg.norm_eps, cfg.bias), norm_position=cfg.norm_position,
+                            dropout=cfg.dropout)
+
+
 @dataclass
 class GPTOutput:
     logits: torch.Tensor                          # (B, T, V)
@@ -139,7 +158,7 @@ class GPTOutput:
     attentions: list[torch.Tensor] | None = None  # per layer (B, H, T, S), with need_weights
 
 
-class GPT(nn.Module):
+class GPT(Model):
     """Token embeddings (+ learned or sinusoidal positions, or RoPE inside attention), L decoder-only
     blocks of masked self-attention and FFN/MoE, a final norm (Pre-LN) and the output projection
     (tied to the embeddings when cfg.tie_embeddings).
@@ -167,10 +186,7 @@ class GPT(nn.Module):
             self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
         self.dropout = nn.Dropout(cfg.dropout)
         self.layers = nn.ModuleList(
-            DecoderOnlyLayer(d, cfg.n_heads, cfg.d_ff, cfg.n_kv_heads, cfg.dropout, cfg.attention_dropout, cfg.norm,
-                             cfg.norm_position, cfg.norm_eps, cfg.activation, cfg.bias, cfg.attention_impl,
-                             cfg.n_experts, cfg.moe_top_k, cfg.qkv_bias)
-            for _ in range(cfg.n_layers))
+_decoder_block(cfg) for _ in range(cfg.n_layers))
         self.norm = make_norm(cfg.norm, d, cfg.norm_eps, cfg.bias) if cfg.norm_position == "pre" else nn.Identity()
         self.lm_head = Linear(d, cfg.vocab_size, bias=False)
         self.caches: list[KVCache] | None = None
@@ -186,10 +202,6 @@ class GPT(nn.Module):
                 nn.init.normal_(module.weight, mean=0.0, std=std)
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
-
-    def num_parameters(self) -> int:
-        """Parameters, tied ones counted once."""
-        return sum(p.numel() for p in self.parameters())
 
     # ------------------------------------------------------------------ KV cache
     def setup_kv_cache(self, batch_size: int, max_len: int, dtype: torch.dtype | None = None) -> None:
@@ -275,11 +287,11 @@ class GPT(nn.Module):
         x = self.dropout(x)
         aux, attentions = x.new_zeros(()), [] if need_weights else None
         for i, layer in enumerate(self.layers):
-            x, layer_aux, weights = layer(x, mask, self.caches[i] if self.caches else None, rope, need_weights,
-                                          is_causal)
-            aux = aux + layer_aux
+            out = layer(x, mask=mask, cache=self.caches[i] if self.caches else None, rope=rope,
+                        need_weights=need_weights, is_causal=is_causal)
+            x, aux = out.hidden, aux + out.aux_loss
             if need_weights:
-                attentions.append(weights)
+                attentions.append(out.attn_weights)
         if logits_to_keep:
             x = x[:, -logits_to_keep:]
         return GPTOutput(self.lm_head(self.norm(x)), aux / len(self.layers), attentions)

@@ -12,10 +12,13 @@ import torch
 from torch import nn
 
 from attnlab.config import Config, check, check_literals
-from attnlab.nn.blocks import DecoderLayer, EncoderLayer
+from attnlab.models.base import Model
+from attnlab.nn.attention import MultiHeadAttention
+from attnlab.nn.blocks import TransformerLayer
 from attnlab.nn.kv_cache import KVCache
 from attnlab.nn.linear import Linear
 from attnlab.nn.masks import causal_mask, padding_mask
+from attnlab.nn.mlp import FeedForward
 from attnlab.nn.positional import SinusoidalPositionalEncoding
 
 
@@ -66,6 +69,18 @@ class Seq2SeqConfig(Config):
         return self.d_model // self.n_heads
 
 
+def _layer(cfg: Seq2SeqConfig, cross: bool) -> TransformerLayer:
+    """An encoder layer (self-attention, FFN) or, with `cross`, a decoder layer (masked self-attention,
+    encoder–decoder attention, FFN): the paper's §3.1, with cfg's norm position and dropout."""
+    def attention() -> MultiHeadAttention:
+        return MultiHeadAttention(cfg.d_model, cfg.n_heads, dropout=cfg.attention_dropout, impl=cfg.attention_impl)
+
+    return TransformerLayer(self_attn=attention(), cross_attn=attention() if cross else None,
+                            ffn=FeedForward(cfg.d_model, cfg.d_ff, cfg.activation),
+                            attn_norm=nn.LayerNorm(cfg.d_model), cross_attn_norm=nn.LayerNorm(cfg.d_model) if cross else None,
+                            ffn_norm=nn.LayerNorm(cfg.d_model), norm_position=cfg.norm_position, dropout=cfg.dropout)
+
+
 @dataclass
 class DecodeState:
     """What incremental decoding keeps between steps: the source mask, each decoder layer's
@@ -88,7 +103,7 @@ class DecodeState:
             cache.reorder(index)
 
 
-class Seq2SeqTransformer(nn.Module):
+class Seq2SeqTransformer(Model):
     """Encoder–decoder Transformer with separate encode() and decode().
 
     Token embeddings are scaled by √D (§3.4) and summed with sinusoidal positions (§3.5), then dropout;
@@ -105,11 +120,8 @@ class Seq2SeqTransformer(nn.Module):
         self.tgt_embed = self.src_embed if cfg.tie_embeddings else nn.Embedding(cfg.vocab_size, d)
         self.positions = SinusoidalPositionalEncoding(d, cfg.max_seq_len)
         self.dropout = nn.Dropout(cfg.dropout)
-        layer_args = dict(d_model=d, n_heads=cfg.n_heads, d_ff=cfg.d_ff, dropout=cfg.dropout,
-                          norm_position=cfg.norm_position, activation=cfg.activation, impl=cfg.attention_impl,
-                          attention_dropout=cfg.attention_dropout)
-        self.encoder_layers = nn.ModuleList(EncoderLayer(**layer_args) for _ in range(cfg.n_encoder_layers))
-        self.decoder_layers = nn.ModuleList(DecoderLayer(**layer_args) for _ in range(cfg.n_decoder_layers))
+        self.encoder_layers = nn.ModuleList(_layer(cfg, cross=False) for _ in range(cfg.n_encoder_layers))
+        self.decoder_layers = nn.ModuleList(_layer(cfg, cross=True) for _ in range(cfg.n_decoder_layers))
         pre = cfg.norm_position == "pre"
         self.encoder_norm = nn.LayerNorm(d) if pre else nn.Identity()
         self.decoder_norm = nn.LayerNorm(d) if pre else nn.Identity()
@@ -126,9 +138,6 @@ class Seq2SeqTransformer(nn.Module):
                 nn.init.zeros_(p)
         for emb in {self.src_embed, self.tgt_embed}:
             nn.init.normal_(emb.weight, std=self.cfg.d_model ** -0.5)  # ×√D in forward gives unit scale
-
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())
 
     def _embed(self, emb: nn.Embedding, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:
         x = emb(tokens) * math.sqrt(self.cfg.d_model)  # (B, T, D)
@@ -152,7 +161,7 @@ class Seq2SeqTransformer(nn.Module):
         src_mask = padding_mask(src, self.cfg.pad_id)  # (B, 1, 1, S)
         x = self._embed(self.src_embed, src)
         for layer in self.encoder_layers:
-            x = layer(x, src_mask)
+            x = layer(x, mask=src_mask).hidden
         return self.encoder_norm(x), src_mask
 
     def start_decoding(self, memory: torch.Tensor, src_mask: torch.Tensor, max_len: int) -> DecodeState:
@@ -189,7 +198,7 @@ class Seq2SeqTransformer(nn.Module):
         y = self._embed(self.tgt_embed, tgt_in, offset)
         for i, layer in enumerate(self.decoder_layers):
             cache, kv = (None, None) if state is None else (state.caches[i], state.cross_kv[i])
-            y = layer(y, memory, self_mask, src_mask, cache, kv)
+            y = layer(y, mask=self_mask, cache=cache, memory=memory, memory_mask=src_mask, memory_kv=kv).hidden
         return self.decoder_norm(y)
 
     def output_logits(self, h: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.config import Config, check, check_literals
-from attnlab.nn.blocks import EncoderLayer
+from attnlab.models.base import Model
+from attnlab.nn.blocks import encoder_layer
 
 
 @dataclass
@@ -138,7 +139,7 @@ def interpolate_positions(pos: torch.Tensor, old_grid: tuple[int, int], new_grid
     return torch.cat([cls, grid], dim=1)
 
 
-class VisionTransformer(nn.Module):
+class VisionTransformer(Model):
     """ViT: z_0 = [x_class; x_p¹E; …; x_pᴺE] + E_pos (eq. 1), L Pre-LN encoder layers of multi-head
     self-attention and GELU MLP (eq. 2–3), y = LN(z_L⁰) (eq. 4), then a linear head on y.
 
@@ -158,8 +159,9 @@ class VisionTransformer(nn.Module):
         self.pos_embed = nn.Parameter(torch.zeros(1, 1 + cfg.grid * cfg.grid, d))  # E_pos
         self.dropout = nn.Dropout(cfg.dropout)
         self.layers = nn.ModuleList(
-            EncoderLayer(d, cfg.n_heads, cfg.d_ff, cfg.dropout, "pre", "gelu", cfg.attention_impl,
-                         cfg.attention_dropout, cfg.norm_eps) for _ in range(cfg.n_layers))
+            encoder_layer(d_model=d, n_heads=cfg.n_heads, d_ff=cfg.d_ff, activation="gelu", norm_position="pre",
+                          dropout=cfg.dropout, attention_dropout=cfg.attention_dropout, norm_eps=cfg.norm_eps,
+                          impl=cfg.attention_impl) for _ in range(cfg.n_layers))
         self.norm = nn.LayerNorm(d, eps=cfg.norm_eps)
         self.head = nn.Linear(d, cfg.n_classes)
         self._init_weights()
@@ -172,9 +174,6 @@ class VisionTransformer(nn.Module):
                     nn.init.zeros_(module.bias)
         nn.init.trunc_normal_(self.pos_embed, std=0.02, a=-0.04, b=0.04)
         nn.init.trunc_normal_(self.cls_token, std=0.02, a=-0.04, b=0.04)
-
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())
 
     def positions(self, grid: tuple[int, int]) -> torch.Tensor:
         """(1, 1 + h·w, D) position embeddings for an (h, w) patch grid, interpolated from the training
@@ -205,7 +204,7 @@ class VisionTransformer(nn.Module):
         x = torch.cat([self.cls_token.expand(b, -1, -1), x], dim=1)  # (B, 1 + N, D)
         x = self.dropout(x + self.positions((h // p, w // p)))
         for layer in self.layers:
-            x = layer(x, None)  # every image has all its patches: no mask
+            x = layer(x).hidden  # every image has all its patches: no mask
         return self.norm(x)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:

@@ -1,164 +1,136 @@
-"""Encoder and decoder layers with residual connections and normalisation, Post-LN or Pre-LN.
+"""The Transformer layer, composed from modules: attention, an optional cross-attention, an FFN (or a
+mixture of experts) and their norms, each sublayer with a residual connection, Post-LN or Pre-LN.
 
-Shape legend: B batch, T target length, S source length, D model dim.
-EncoderLayer and DecoderLayer are the paper's; DecoderOnlyLayer is the GPT/LLaMA block (masked
-self-attention and an FFN or mixture of experts, no cross-attention).
-Post-LN (the paper): x = LayerNorm(x + Dropout(Sublayer(x))).
-Pre-LN (modern, Xiong et al. 2020): x = x + Dropout(Sublayer(LayerNorm(x))); the stack then ends
-with a final LayerNorm (the model owns it).
+Shape legend: B batch, T query (target) length, S key length (source, or cached + new), D model dim,
+H heads, K key/value heads, Dh head dim.
+
+One layer type serves every family: the encoder and decoder of the 2017 paper, GPT/LLaMA blocks,
+BERT and the ViT. Each model file builds the modules from its own config and passes them in by
+keyword (the model is the one reader of its config's flags):
+
+    Post-LN (the paper, BERT):  x = Norm(x + Dropout(Sublayer(x)))
+    Pre-LN (GPT-2 on, ViT):     x = x + Dropout(Sublayer(Norm(x)));  the stack ends with a final norm
+
+Source: Vaswani et al. 2017, §3.1 (sublayers, residuals, LayerNorm) and §5.4 (residual dropout);
+Xiong et al. 2020, "On Layer Normalization in the Transformer Architecture" (Pre-LN).
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 from torch import nn
 
 from attnlab.nn.attention import MultiHeadAttention
 from attnlab.nn.kv_cache import KVCache
-from attnlab.nn.mlp import FeedForward, make_ffn
+from attnlab.nn.mlp import FeedForward
 from attnlab.nn.moe import MixtureOfExperts
-from attnlab.nn.norm import make_norm
 
 NORM_POSITIONS = ("post", "pre")
 
+# Parameter names of the layers before they were built from modules (run directories saved then
+# still load): the norms lived inside per-sublayer residual wrappers.
+LEGACY_NORM_NAMES = {"res_attn.norm.": "attn_norm.", "res_self.norm.": "attn_norm.",
+                     "res_cross.norm.": "cross_attn_norm.", "res_ffn.norm.": "ffn_norm."}
 
-class _Residual(nn.Module):
-    """One sublayer's residual connection and its norm (LayerNorm or RMSNorm), placed after (post) or
-    before (pre) the sublayer."""
 
-    def __init__(self, d_model: int, dropout: float, norm_position: str, norm: str = "layernorm",
-                 eps: float = 1e-5, bias: bool = True):
+class LayerOutput(NamedTuple):
+    """What a TransformerLayer returns."""
+
+    hidden: torch.Tensor                      # (B, T, D)
+    aux_loss: torch.Tensor                    # () this layer's MoE load-balancing loss (0 for a dense FFN)
+    attn_weights: torch.Tensor | None = None  # (B, H, T, S) self-attention weights, with need_weights
+
+
+def _rename_legacy_keys(module, state_dict, prefix, *args) -> None:
+    """load_state_dict pre-hook: map the pre-redesign parameter names onto the current ones."""
+    for key in [k for k in state_dict if k.startswith(prefix)]:
+        rest = key[len(prefix):]
+        for old, new in LEGACY_NORM_NAMES.items():
+            if rest.startswith(old):
+                state_dict[prefix + new + rest[len(old):]] = state_dict.pop(key)
+                break
+
+
+class TransformerLayer(nn.Module):
+    """Self-attention, then (optionally) cross-attention over an encoder's output, then an FFN or a
+    mixture of experts; each sublayer wrapped in a residual connection with its norm.
+
+    Args (keyword-only):
+        self_attn: the (masked) self-attention, a MultiHeadAttention.
+        ffn: a position-wise FFN module (B, T, D) -> (B, T, D), or a MixtureOfExperts (which also
+            returns its load-balancing loss).
+        attn_norm, ffn_norm: the norms of the two sublayers (LayerNorm or RMSNorm of width D).
+        norm_position: "post" (the paper, BERT) or "pre" (GPT-2 on, LLaMA, ViT).
+        dropout: on each sublayer's output before the residual sum (paper §5.4).
+        cross_attn, cross_attn_norm: encoder–decoder attention and its norm (the paper's decoder);
+            both or neither.
+    Raises:
+        ValueError: for an unknown norm_position, or cross_attn without cross_attn_norm.
+    Source: Vaswani et al. 2017, §3.1 (encoder and decoder layers); Radford et al. 2019 and Touvron
+        et al. 2023, §2.2 (the decoder-only block with Pre-norm).
+    """
+
+    def __init__(self, *, self_attn: MultiHeadAttention, ffn: nn.Module, attn_norm: nn.Module, ffn_norm: nn.Module,
+                 norm_position: str, dropout: float = 0.0, cross_attn: MultiHeadAttention | None = None,
+                 cross_attn_norm: nn.Module | None = None):
         super().__init__()
         if norm_position not in NORM_POSITIONS:
             raise ValueError(f"norm_position must be one of {NORM_POSITIONS}, got {norm_position!r}")
-        self.norm = make_norm(norm, d_model, eps, bias)
+        if (cross_attn is None) != (cross_attn_norm is None):
+            raise ValueError("cross_attn and cross_attn_norm go together: pass both or neither")
+        # Registration order (sublayers, then norms) fixes the parameter order: the init's random
+        # draws and the optimiser's state follow it, so it matches the layers runs were trained with.
+        self.self_attn, self.cross_attn, self.ffn = self_attn, cross_attn, ffn
+        self.attn_norm, self.cross_attn_norm, self.ffn_norm = attn_norm, cross_attn_norm, ffn_norm
+        self.pre_norm = norm_position == "pre"
         self.dropout = nn.Dropout(dropout)
-        self.pre = norm_position == "pre"
+        self.register_load_state_dict_pre_hook(_rename_legacy_keys)
 
-    def forward(self, x: torch.Tensor, sublayer) -> torch.Tensor:
-        if self.pre:
-            return x + self.dropout(sublayer(self.norm(x)))
-        return self.norm(x + self.dropout(sublayer(x)))
+    def _pre(self, x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+        """The sublayer's input: Norm(x) with Pre-LN, x itself with Post-LN."""
+        return norm(x) if self.pre_norm else x
 
+    def _post(self, x: torch.Tensor, out: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+        """The residual sum x + Dropout(out), normalised after with Post-LN."""
+        x = x + self.dropout(out)
+        return x if self.pre_norm else norm(x)
 
-class EncoderLayer(nn.Module):
-    """Self-attention then FFN, each wrapped in a residual + LayerNorm (paper §3.1, encoder).
-
-    Args:
-        d_model, n_heads, d_ff: sizes. dropout: on each sublayer's output (paper §5.4).
-        norm_position: "post" or "pre". activation: "relu", "gelu" or "gelu_tanh". impl: "sdpa" or "math".
-        attention_dropout: dropout on the attention weights. norm_eps: the LayerNorms' ε (BERT: 1e-12).
-    """
-
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float = 0.1,
-                 norm_position: str = "post", activation: str = "relu", impl: str = "sdpa",
-                 attention_dropout: float = 0.0, norm_eps: float = 1e-5):
-        super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=attention_dropout, impl=impl)
-        self.ffn = FeedForward(d_model, d_ff, activation)
-        self.res_attn = _Residual(d_model, dropout, norm_position, eps=norm_eps)
-        self.res_ffn = _Residual(d_model, dropout, norm_position, eps=norm_eps)
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """Args:
-            x: (B, S, D). mask: (B, 1, 1, S) bool source-padding mask, True = real token.
-        Returns:
-            (B, S, D).
-        """
-        x = self.res_attn(x, lambda h: self.self_attn(h, mask=mask)[0])
-        return self.res_ffn(x, self.ffn)
-
-
-class DecoderLayer(nn.Module):
-    """Masked self-attention, cross-attention over the encoder output, then FFN (paper §3.1, decoder).
-
-    Args: as EncoderLayer.
-    """
-
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float = 0.1,
-                 norm_position: str = "post", activation: str = "relu", impl: str = "sdpa",
-                 attention_dropout: float = 0.0):
-        super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=attention_dropout, impl=impl)
-        self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout=attention_dropout, impl=impl)
-        self.ffn = FeedForward(d_model, d_ff, activation)
-        self.res_self = _Residual(d_model, dropout, norm_position)
-        self.res_cross = _Residual(d_model, dropout, norm_position)
-        self.res_ffn = _Residual(d_model, dropout, norm_position)
-
-    def forward(self, y: torch.Tensor, memory: torch.Tensor | None, self_mask: torch.Tensor | None,
-                cross_mask: torch.Tensor | None, cache: KVCache | None = None,
-                cross_kv: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        """Args:
-            y: (B, T, D) target-side states.
-            memory: (B, S, D) encoder output (may be None when cross_kv is given).
-            self_mask: (B, 1, T, T_total) bool, causal ∧ target padding.
-            cross_mask: (B, 1, 1, S) bool source padding.
-            cache: this layer's self-attention KV cache for incremental decoding.
-            cross_kv: precomputed cross-attention (k, v) of the memory, each (B, H, S, Dh).
-        Returns:
-            (B, T, D).
-        """
-        y = self.res_self(y, lambda h: self.self_attn(h, mask=self_mask, cache=cache)[0])
-        y = self.res_cross(y, lambda h: self.cross_attn(h, memory, mask=cross_mask, kv=cross_kv)[0])
-        return self.res_ffn(y, self.ffn)
-
-
-class DecoderOnlyLayer(nn.Module):
-    """Masked self-attention then an FFN (or a mixture of experts), each with a residual connection
-    and a norm: the block of GPT (Radford et al. 2018/2019) and LLaMA (Touvron et al. 2023, §2.2).
-
-    Args:
-        d_model, n_heads, d_ff: sizes. n_kv_heads: K (None = n_heads).
-        dropout: on each sublayer's output. attention_dropout: on the attention weights.
-        norm: "layernorm" or "rmsnorm". norm_position: "pre" or "post". norm_eps: the norm's ε.
-        activation: "relu", "gelu" or "swiglu". bias: biases on projections and LayerNorm.
-        qkv_bias: biases on the query/key/value projections (None = bias; Qwen2 has them alone).
-        impl: "sdpa" or "math". n_experts: 0 = dense FFN, else E experts with moe_top_k per token.
-    """
-
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, n_kv_heads: int | None = None,
-                 dropout: float = 0.0, attention_dropout: float = 0.0, norm: str = "layernorm",
-                 norm_position: str = "pre", norm_eps: float = 1e-5, activation: str = "gelu",
-                 bias: bool = True, impl: str = "sdpa", n_experts: int = 0, moe_top_k: int = 2,
-                 qkv_bias: bool | None = None):
-        super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, n_heads, n_kv_heads, attention_dropout, bias, impl, qkv_bias)
-        if n_experts:
-            self.ffn = MixtureOfExperts(d_model, d_ff, n_experts, moe_top_k, activation, bias=bias)
-        else:
-            self.ffn = make_ffn(d_model, d_ff, activation, bias=bias)
-        self.res_attn = _Residual(d_model, dropout, norm_position, norm, norm_eps, bias)
-        self.res_ffn = _Residual(d_model, dropout, norm_position, norm, norm_eps, bias)
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, cache: KVCache | None = None,
+    def forward(self, x: torch.Tensor, *, mask: torch.Tensor | None = None, cache: KVCache | None = None,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None, need_weights: bool = False,
-                is_causal: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+                is_causal: bool = False, memory: torch.Tensor | None = None, memory_mask: torch.Tensor | None = None,
+                memory_kv: tuple[torch.Tensor, torch.Tensor] | None = None) -> LayerOutput:
         """Args:
-            x: (B, T, D). mask: bool, broadcastable to (B, H, T, S), True = may attend (causal,
-                window and key padding), or None. cache: this layer's KV cache.
-            rope: (cos, sin) of the new positions, or None (absolute positions were added to x).
-            need_weights: also return the (B, H, T, S) attention weights (math path).
+            x: (B, T, D) the layer's input.
+            mask: bool self-attention mask, broadcastable to (B, H, T, S), True = may attend (causal,
+                window, padding), or None.
+            cache: this layer's self-attention KV cache (incremental decoding).
+            rope: (cos, sin) of the new positions for rotary embeddings, or None.
+            need_weights: also return the (B, H, T, S) self-attention weights (math path).
             is_causal: mask is None and the attention is plain causal over x (no cache, no padding).
+            memory: (B, S, D) encoder output for cross-attention (None when memory_kv is given).
+            memory_mask: (B, 1, 1, S) bool source-padding mask for cross-attention.
+            memory_kv: precomputed cross-attention (k, v), each (B, H, S, Dh).
         Returns:
-            (x (B, T, D), the MoE load-balancing loss () (0 for a dense FFN), weights or None).
+            LayerOutput(hidden (B, T, D), aux_loss (), attn_weights or None).
         """
-        weights = None
+        out, weights = self.self_attn(self._pre(x, self.attn_norm), mask=mask, cache=cache, rope=rope,
+                                      need_weights=need_weights, is_causal=is_causal)
+        x = self._post(x, out, self.attn_norm)
+        if self.cross_attn is not None:
+            out, _ = self.cross_attn(self._pre(x, self.cross_attn_norm), memory, mask=memory_mask, kv=memory_kv)
+            x = self._post(x, out, self.cross_attn_norm)
+        h = self._pre(x, self.ffn_norm)
+        if isinstance(self.ffn, MixtureOfExperts):
+            out, aux = self.ffn(h)
+        else:
+            out, aux = self.ffn(h), x.new_zeros(())
+        return LayerOutput(self._post(x, out, self.ffn_norm), aux, weights)
 
-        def attend(h):
-            nonlocal weights
-            out, weights = self.self_attn(h, mask=mask, cache=cache, rope=rope, need_weights=need_weights,
-                                          is_causal=is_causal)
-            return out
 
-        aux = x.new_zeros(())
-
-        def ffn(h):
-            nonlocal aux
-            if isinstance(self.ffn, MixtureOfExperts):
-                h, aux = self.ffn(h)
-                return h
-            return self.ffn(h)
-
-        x = self.res_attn(x, attend)
-        x = self.res_ffn(x, ffn)
-        return x, aux, weights
+def encoder_layer(*, d_model: int, n_heads: int, d_ff: int, activation: str, norm_position: str, dropout: float,
+                  attention_dropout: float, norm_eps: float, impl: str) -> TransformerLayer:
+    """A bidirectional encoder layer with LayerNorms of ε norm_eps (BERT: Post-LN; ViT: Pre-LN)."""
+    return TransformerLayer(self_attn=MultiHeadAttention(d_model, n_heads, dropout=attention_dropout, impl=impl),
+                            ffn=FeedForward(d_model, d_ff, activation), attn_norm=nn.LayerNorm(d_model, eps=norm_eps),
+                            ffn_norm=nn.LayerNorm(d_model, eps=norm_eps), norm_position=norm_position, dropout=dropout)

@@ -10,6 +10,7 @@ from torch import nn
 
 from attnlab.nn.linear import Linear
 
+
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     """GELU with the tanh approximation (GPT-2's "gelu_new"; Hendrycks & Gimpel 2016, §2)."""
     return F.gelu(x, approximate="tanh")

@@ -10,21 +10,22 @@ Source: Dosovitskiy et al. 2021 (the model); Alpaydin & Kaynak 1998, UCI (the da
 """
 from __future__ import annotations
 
+from attnlab.models.vit import ViTConfig
+from attnlab.recipes.recipe import Recipe
+from attnlab.tasks.vision import ImageDataConfig
+from attnlab.train.config import TrainConfig
+
 NAME = "digits-vit"
 
 
 def recipe():
-    from attnlab.tasks.vision import ImageDataConfig
-    from attnlab.train.config import TrainConfig
-    from attnlab.models.vit import ViTConfig
-    from attnlab.recipes import Recipe
-
     return Recipe(
         name=NAME, description="Vision Transformer on the UCI 8×8 digits (1,437 / 360 split), about 20 seconds",
         model=ViTConfig(image_size=8, patch_size=4, in_channels=1, n_classes=10, d_model=64, n_layers=6,
                         n_heads=4, d_ff=128, dropout=0.0),
-        data=ImageDataConfig(dataset="digits", n_train=1437, n_test=360, batch_size=64, max_shift=0),
+        data=ImageDataConfig(dataset="digits", n_train=1437, n_test=360, batch_size=64, max_shift=0,
+                             label_smoothing=0.1),
         train=TrainConfig(lr_schedule="cosine", lr=2e-3, min_lr=1e-5, warmup_steps=100, lr_decay_steps=1000,
                           max_steps=1000, minutes=None, beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.05,
-                          label_smoothing=0.1, clip_grad_norm=1.0, eval_every=100, log_every=50,
-                          checkpoint_every=500, batch_tokens=64))
+                          clip_grad_norm=1.0, eval_every=100, log_every=50,
+                          checkpoint_every=500))

@@ -15,21 +15,22 @@ worse), plus label smoothing 0.1 and weight decay 0.05. AdamW (lr 2e-3, β2 0.99
 """
 from __future__ import annotations
 
+from attnlab.models.vit import ViTConfig
+from attnlab.recipes.recipe import Recipe
+from attnlab.tasks.vision import ImageDataConfig
+from attnlab.train.config import TrainConfig
+
 NAME = "mnist-vit"
 
 
 def recipe():
-    from attnlab.tasks.vision import ImageDataConfig
-    from attnlab.train.config import TrainConfig
-    from attnlab.models.vit import ViTConfig
-    from attnlab.recipes import Recipe
-
     return Recipe(
         name=NAME, description="Vision Transformer on MNIST (8,000 / 2,000 split), 10 minutes on 2 CPU cores",
         model=ViTConfig(image_size=28, patch_size=7, in_channels=1, n_classes=10, d_model=96, n_layers=6,
                         n_heads=4, d_ff=192, dropout=0.0),
-        data=ImageDataConfig(dataset="mnist", n_train=8000, n_test=2000, batch_size=64, max_shift=2),
+        data=ImageDataConfig(dataset="mnist", n_train=8000, n_test=2000, batch_size=64, max_shift=2,
+                             label_smoothing=0.1),
         train=TrainConfig(lr_schedule="cosine", lr=2e-3, min_lr=1e-5, warmup_steps=200, lr_decay_steps=12000,
                           max_steps=None, minutes=10, beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.05,
-                          label_smoothing=0.1, clip_grad_norm=1.0, eval_every=500, log_every=100,
-                          checkpoint_every=500, batch_tokens=64))
+                          clip_grad_norm=1.0, eval_every=500, log_every=100,
+                          checkpoint_every=500))

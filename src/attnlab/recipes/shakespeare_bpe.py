@@ -7,17 +7,17 @@ across tokenizers.
 """
 from __future__ import annotations
 
+from attnlab.models.gpt import GPTConfig
+from attnlab.recipes.recipe import Recipe
+from attnlab.recipes.shakespeare_char import SIZES, train_config
+from attnlab.tasks.language_model import TextDataConfig
+
 NAME = "shakespeare-bpe"
 
 
 def recipe():
-    from attnlab.models.gpt import GPTConfig
-    from attnlab.tasks.language_model import TextDataConfig
-    from attnlab.recipes import Recipe
-    from attnlab.recipes.shakespeare_char import SIZES, _train
-
     return Recipe(name=NAME, description="GPT-2-style BPE LM of Tiny Shakespeare (1,024-token byte-level BPE)",
                   model=GPTConfig.from_name("gpt2", **SIZES),
                   data=TextDataConfig(dataset="tinyshakespeare", tokenizer="bpe", tokenizer_vocab_size=1024,
                                       block_size=64, batch_size=12),
-                  train=_train())
+                  train=train_config())

@@ -17,6 +17,11 @@ from __future__ import annotations
 
 import math
 
+from attnlab.models.gpt import GPTConfig
+from attnlab.recipes.recipe import Recipe
+from attnlab.tasks.language_model import TextDataConfig
+from attnlab.train.config import TrainConfig
+
 NAME = "shakespeare-char"
 LLAMA_NAME = "shakespeare-char-llama"
 D_MODEL = 128
@@ -24,31 +29,22 @@ SIZES = dict(d_model=D_MODEL, n_heads=4, n_layers=4, max_seq_len=64, dropout=0.0
              init_std=round(0.02 * math.sqrt(768 / D_MODEL), 4))  # GPT-2's init at this width: 0.049
 
 
-def _train():
-    from attnlab.train.config import TrainConfig
-
+def train_config() -> TrainConfig:
+    """nanoGPT's schedule for the baby GPT: 2,000 steps, warm-up 100, cosine to 1e-4."""
     return TrainConfig(lr_schedule="cosine", lr=1e-3, min_lr=1e-4, warmup_steps=100, lr_decay_steps=2000,
-                       max_steps=2000, beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.1, label_smoothing=0.0,
-                       clip_grad_norm=1.0, eval_every=250, log_every=50, checkpoint_every=250)
+                       max_steps=2000, beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.1, clip_grad_norm=1.0,
+                       eval_every=250, log_every=50, checkpoint_every=250)
 
 
 def recipe():
-    from attnlab.models.gpt import GPTConfig
-    from attnlab.tasks.language_model import TextDataConfig
-    from attnlab.recipes import Recipe
-
     return Recipe(name=NAME, description="GPT-2-style character LM of Tiny Shakespeare (nanoGPT's CPU baby GPT)",
                   model=GPTConfig.from_name("gpt2", **SIZES),
                   data=TextDataConfig(dataset="tinyshakespeare", tokenizer="char", block_size=64, batch_size=12),
-                  train=_train())
+                  train=train_config())
 
 
 def llama_recipe():
-    from attnlab.models.gpt import GPTConfig
-    from attnlab.tasks.language_model import TextDataConfig
-    from attnlab.recipes import Recipe
-
     return Recipe(name=LLAMA_NAME, description="LLaMA-style character LM of Tiny Shakespeare, same size and budget",
                   model=GPTConfig.from_name("llama", **SIZES, n_kv_heads=2, d_ff=384),
                   data=TextDataConfig(dataset="tinyshakespeare", tokenizer="char", block_size=64, batch_size=12),
-                  train=_train())
+                  train=train_config())

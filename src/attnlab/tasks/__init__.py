@@ -1,1 +1,2 @@
-"""Task families: one module each (model + tokenizer from a recipe, objective, evaluation, loading a run)."""
+"""Task families, one module each: the model and tokenizer from a recipe, the objective, evaluation,
+loading a run directory (base.py: the skeleton; registry.py: model_type -> task)."""

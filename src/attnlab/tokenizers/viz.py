@@ -103,6 +103,7 @@ def draw_trace(trace: MergeTrace, out) -> None:
     Raises:
         ImportError: matplotlib is not installed.
     """
+    # optional dependency (the viz extra)
     from matplotlib.figure import Figure
     from matplotlib.patches import FancyBboxPatch
 

@@ -1,32 +1,21 @@
 """Checkpoints: model directories (config.json + model.safetensors + tokenizer.json) and the
-resumable training state. Weights are never pickled; every write is atomic (temp + rename).
+resumable training state. Weights are never pickled; every write is atomic (files.py).
 """
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 
+from attnlab.files import atomic_directory, atomic_write, recover_directory
 from attnlab.jsonfile import read_json
-
-
-def _replace(tmp: str, path: Path) -> None:
-    os.chmod(tmp, 0o644)  # mkstemp makes 0600; these are ordinary files
-    os.replace(tmp, path)
 
 
 def save_weights(model: torch.nn.Module, path: Path) -> None:
     """Save a model's parameters (tied ones once) to safetensors, atomically."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    os.close(fd)
-    save_model(model, tmp)
-    _replace(tmp, path)
+    atomic_write(path, lambda tmp: save_model(model, str(tmp)))
 
 
 def load_weights(model: torch.nn.Module, path: Path) -> None:
@@ -67,19 +56,12 @@ def save_training_state(folder: Path, model: torch.nn.Module, optimizer: torch.o
     Holds model.safetensors, optimizer.safetensors (Adam moments), rng.safetensors (torch RNG) and
     state.json (step, epoch, position, elapsed time, best metric, optimizer groups).
     """
-    folder = Path(folder)
-    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=folder.name + ".tmp"))
-    save_model(model, str(tmp / "model.safetensors"))
-    tensors, meta = _optimizer_tensors(optimizer)
-    save_file(tensors, str(tmp / "optimizer.safetensors"))
-    save_file({"torch": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
-    (tmp / "state.json").write_text(json.dumps({**state, "optimizer": meta}, indent=2))
-    os.chmod(tmp, 0o755)  # mkdtemp makes 0700
-    old = folder.with_name(folder.name + ".old")
-    if folder.exists():
-        os.replace(folder, old)
-    os.replace(tmp, folder)
-    shutil.rmtree(old, ignore_errors=True)
+    with atomic_directory(folder) as tmp:
+        save_model(model, str(tmp / "model.safetensors"))
+        tensors, meta = _optimizer_tensors(optimizer)
+        save_file(tensors, str(tmp / "optimizer.safetensors"))
+        save_file({"torch": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
+        (tmp / "state.json").write_text(json.dumps({**state, "optimizer": meta}, indent=2))
 
 
 def load_training_state(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
@@ -89,6 +71,7 @@ def load_training_state(folder: Path, model: torch.nn.Module, optimizer: torch.o
         FileNotFoundError: when there is no checkpoint to resume from.
     """
     folder = Path(folder)
+    recover_directory(folder)
     if not (folder / "state.json").is_file():
         raise FileNotFoundError(f"no checkpoint to resume from at {folder}")
     state = read_json(folder / "state.json")

@@ -1,4 +1,6 @@
-"""TrainConfig: optimisation, schedule, budgets, evaluation cadence and checkpoints of one run."""
+"""TrainConfig: what the training loop reads — optimiser, schedule, budgets, cadence of evaluations and
+checkpoints, precision, seed and threads. The objective and the data (batch sizes, label smoothing,
+what to decode at evaluation) belong to each task's data config (tasks/)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,9 +11,8 @@ from attnlab.config import Config, check, check_literals
 
 @dataclass
 class TrainConfig(Config):
-    """Optimisation, schedule, budget and evaluation of one training run."""
+    """Optimisation, schedule, budgets and cadence of one training run (train/loop.py reads every field)."""
 
-    batch_tokens: int = 4000          # target tokens per batch (length-bucketed batches)
     lr_schedule: Literal["noam", "cosine", "constant"] = "noam"  # noam: the paper's warm-up + inverse
                                       # sqrt decay; cosine: warm-up, then cosine decay from lr to min_lr
     lr_factor: float = 1.0            # noam: lr = factor · d_model^-0.5 · min(step^-0.5, step·warmup^-1.5)
@@ -24,29 +25,21 @@ class TrainConfig(Config):
     beta2: float = 0.98               # Adam β2
     eps: float = 1e-9                 # Adam ε
     weight_decay: float = 0.0         # decoupled weight decay (AdamW), 0 = the paper's Adam
-    label_smoothing: float = 0.1      # ε_ls (paper §5.4)
     clip_grad_norm: float = 1.0       # max global gradient norm; 0 = no clipping
     max_steps: Optional[int] = None   # step budget (None = unlimited)
     minutes: Optional[float] = None   # wall-clock budget for training, evaluations included
-    eval_every: int = 1000            # steps between validations (loss + BLEU)
-    eval_bleu_sentences: int = 500    # validation sentences decoded for BLEU at each evaluation
+    eval_every: int = 1000            # steps between validations (the task's evaluate())
     log_every: int = 50               # steps between metrics.jsonl lines
     checkpoint_every: int = 500       # steps between resumable checkpoints
     average_last: int = 0             # average the weights of the last N checkpoints at the end (0 = off)
-    beam_size: int = 4                # beam width for final evaluation / translation (paper §6.1)
-    length_penalty: float = 0.6       # α of the GNMT length penalty (paper §6.1)
     autocast: Literal["none", "bf16"] = "none"  # bf16 autocast for matmuls (CPU with AVX512-BF16)
-    init: Optional[str] = None        # start from these weights: a run directory or a pretrained model name
-                                      # (e.g. all-minilm-l6-v2); None or "none" = random initialisation
     seed: int = 0                     # seeds the data order, initialisation and dropout
     threads: int = 0                  # torch threads; 0 = all cores
 
     def __post_init__(self):
         check_literals(self)
-        for name in ("batch_tokens", "warmup_steps", "eval_every", "log_every", "checkpoint_every",
-                     "beam_size", "eval_bleu_sentences"):
+        for name in ("warmup_steps", "eval_every", "log_every", "checkpoint_every"):
             check(getattr(self, name) > 0, name, "> 0", getattr(self, name))
-        check(0.0 <= self.label_smoothing < 1.0, "label_smoothing", "in [0, 1)", self.label_smoothing)
         for name in ("beta1", "beta2"):
             check(0.0 <= getattr(self, name) < 1.0, name, "in [0, 1)", getattr(self, name))
         for name in ("eps", "lr", "lr_factor"):
@@ -56,8 +49,6 @@ class TrainConfig(Config):
         check(self.grad_accum_steps >= 1, "grad_accum_steps", ">= 1", self.grad_accum_steps)
         check(self.lr_decay_steps is None or self.lr_decay_steps > self.warmup_steps, "lr_decay_steps",
                f"None or > warmup_steps={self.warmup_steps}", self.lr_decay_steps)
-        check(self.length_penalty >= 0, "length_penalty", ">= 0", self.length_penalty)
-        check(self.beam_size <= 64, "beam_size", "in 1..64", self.beam_size)
         check(self.max_steps is None or self.max_steps > 0, "max_steps", "> 0 or None", self.max_steps)
         check(self.minutes is None or self.minutes > 0, "minutes", "> 0 or None", self.minutes)
         check(self.average_last >= 0, "average_last", ">= 0", self.average_last)

@@ -1,8 +1,9 @@
 """One training loop for every recipe.
 
-A task supplies the data and the objective: `batches(epoch)` (a deterministic list of batches for
-that epoch), `loss(model, batch) -> (loss, n_tokens)`, `evaluate(model) -> dict`, `best_metric`
-(a key of evaluate()'s dict) and optionally `higher_is_better` (default True). The loop owns the
+An objective (made by a task family, tasks/) supplies the data and the loss: `batches(epoch)` (a
+deterministic list of batches for that epoch), `loss(model, batch) -> (loss, n_tokens)`,
+`evaluate(model) -> dict`, `best_metric` (a key of evaluate()'s dict) and optionally
+`higher_is_better` (default True). The loop owns the
 optimiser and schedule, gradient accumulation and clipping, the budgets, logging (progress bar on
 stderr, metrics.jsonl), checkpoints, resuming, keeping the best weights and averaging the last ones.
 """
@@ -23,10 +24,9 @@ from tqdm import tqdm
 from attnlab.train.config import TrainConfig
 from attnlab.train.checkpoint import load_training_state, load_weights, save_training_state, save_weights
 from attnlab.train.optim import build_optimizer, cosine_lr, noam_lr, set_lr
+from attnlab.train.run_dir import CHECKPOINT_DIR, SNAPSHOT_DIR
 
 log = logging.getLogger("attnlab")
-CHECKPOINT_DIR = "checkpoint"   # resumable state inside a run directory
-SNAPSHOT_DIR = "snapshots"      # weights of the last checkpoints, for averaging
 
 
 def learning_rate(cfg: TrainConfig, step: int, d_model: int) -> float:

@@ -7,8 +7,19 @@ import torch
 from safetensors.torch import load_file
 
 from attnlab.recipes.digits_vit import recipe as digits_recipe
-from attnlab.train.image_task import ImageBatch, ImageClassificationTask
-from attnlab.vision import classify_images, evaluate_vit, load_vit, train_vit
+from attnlab.tasks.registry import get_task
+from attnlab.tasks.vision import ImageBatch, ImageClassificationObjective
+
+VISION = get_task("vit")
+
+
+def load_vit(path):
+    run = VISION.load(path)
+    return run.model, run.config
+
+
+def classify_images(path, files):
+    return VISION.classify(VISION.load(path), files)
 
 TINY = ["d_model=16", "n_heads=2", "n_layers=1", "d_ff=32", "n_train=100", "n_test=40", "batch_size=20",
         "max_shift=0", "lr=1e-2", "warmup_steps=2", "lr_decay_steps=24", "eval_every=8", "checkpoint_every=8",
@@ -39,7 +50,7 @@ def tiny_recipe(steps, extra=()):
 
 def test_train_vit_writes_a_run_that_evaluates_to_its_best(tiny_digits, tmp_path):
     out = tmp_path / "run"
-    result = train_vit(tiny_recipe(24), out)
+    result = VISION.train(tiny_recipe(24), out)
     assert result["steps"] == 24 and result["parameters"] > 0 and result["images_per_s"] > 0
     for name in ("config.json", "model.safetensors", "metrics.jsonl", "checkpoint/state.json"):
         assert (out / name).is_file()
@@ -52,20 +63,20 @@ def test_train_vit_writes_a_run_that_evaluates_to_its_best(tiny_digits, tmp_path
     evals = [r for r in evals if "accuracy" in r]
     assert [r["step"] for r in evals] == [8, 16, 24] and all(r["n"] == 40 for r in evals)
     assert result["best"] == max(r["accuracy"] for r in evals) > 0.5
-    scored = evaluate_vit(out)
+    scored = VISION.evaluate(out)
     assert scored["split"] == "test" and scored["n"] == 40 and scored["accuracy"] == pytest.approx(result["best"])
-    assert evaluate_vit(out, "train", limit=30)["n"] == 30
+    assert VISION.evaluate(out, "train", limit=30)["n"] == 30
     with pytest.raises(ValueError, match="split"):
-        evaluate_vit(out, "dev")
+        VISION.evaluate(out, "dev")
     model, _ = load_vit(out)
     assert not model.training
 
 
 def test_resumed_vit_run_equals_uninterrupted(tiny_digits, tmp_path):
     shifted = ["max_shift=1"]  # exercises the seeded augmentation
-    train_vit(tiny_recipe(12, shifted), tmp_path / "full")
-    train_vit(tiny_recipe(7, shifted), tmp_path / "split")  # stops in the middle of epoch 1 (5 batches an epoch)
-    result = train_vit(tiny_recipe(12, shifted), tmp_path / "split", resume=True)
+    VISION.train(tiny_recipe(12, shifted), tmp_path / "full")
+    VISION.train(tiny_recipe(7, shifted), tmp_path / "split")  # stops in the middle of epoch 1 (5 batches an epoch)
+    result = VISION.train(tiny_recipe(12, shifted), tmp_path / "split", resume=True)
     assert result["steps"] == 12
     a = load_file(str(tmp_path / "full" / "checkpoint" / "model.safetensors"))
     b = load_file(str(tmp_path / "split" / "checkpoint" / "model.safetensors"))
@@ -74,11 +85,10 @@ def test_resumed_vit_run_equals_uninterrupted(tiny_digits, tmp_path):
 
 def test_batches_are_a_seeded_permutation_with_seeded_shifts(tiny_digits):
     from attnlab.tasks.vision import ImageDataConfig
-    from attnlab.train.config import TrainConfig
 
     images, labels = torch.rand(50, 1, 8, 8), torch.arange(50) % 10
-    task = ImageClassificationTask(images, labels, images[:5], labels[:5], ImageDataConfig(batch_size=16, max_shift=1),
-                                   TrainConfig(seed=1), 0.5, 0.25)
+    task = ImageClassificationObjective(images, labels, images[:5], labels[:5],
+                                        ImageDataConfig(batch_size=16, max_shift=1), 1, 0.5, 0.25)
     epoch0 = task.batches(0)
     assert [len(b.indices) for b in epoch0] == [16, 16, 16, 2]
     assert sorted(torch.cat([b.indices for b in epoch0]).tolist()) == list(range(50))
@@ -93,7 +103,7 @@ def test_batches_are_a_seeded_permutation_with_seeded_shifts(tiny_digits):
 def test_classify_image_files_at_any_divisible_size(tiny_digits, tmp_path):
     pixels, labels = tiny_digits
     out = tmp_path / "run"
-    train_vit(tiny_recipe(4), out)
+    VISION.train(tiny_recipe(4), out)
     files = []
     for name, image in (("a.pgm", pixels[0].reshape(8, 8)), ("big.pgm", np.kron(pixels[1].reshape(8, 8),
                                                                                  np.ones((2, 3), dtype=int)))):
@@ -112,11 +122,11 @@ def test_classify_image_files_at_any_divisible_size(tiny_digits, tmp_path):
 
 def test_bad_settings_are_refused_before_writing(tiny_digits, tmp_path):
     with pytest.raises(ValueError, match="100 \\+ 100 = 200 exceeds the 160 images"):
-        train_vit(tiny_recipe(4, ["n_test=100"]), tmp_path / "bad")
+        VISION.train(tiny_recipe(4, ["n_test=100"]), tmp_path / "bad")
     with pytest.raises(ValueError, match="8×8 images, image_size is 16"):
-        train_vit(tiny_recipe(4, ["image_size=16"]), tmp_path / "bad")
+        VISION.train(tiny_recipe(4, ["image_size=16"]), tmp_path / "bad")
     with pytest.raises(ValueError, match="labels up to 9, n_classes is 5"):
-        train_vit(tiny_recipe(4, ["n_classes=5"]), tmp_path / "bad")
+        VISION.train(tiny_recipe(4, ["n_classes=5"]), tmp_path / "bad")
     assert not (tmp_path / "bad").exists()
     with pytest.raises(FileNotFoundError, match="config.json is missing"):
         load_vit(tmp_path)

@@ -1,54 +1,21 @@
 import json
 import math
-import random
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from attnlab.models.gpt import GPTConfig
-
-from attnlab.tasks.language_model import TextDataConfig
-
-from attnlab.train.config import TrainConfig
 from attnlab.data.text import TokenStream, char_tokenizer, split_text
-from attnlab.lm import evaluate_lm, load_lm, train_lm
-from attnlab.models.gpt import GPT
-from attnlab.recipes import get_recipe
+from attnlab.models.gpt import GPT, GPTConfig
+from attnlab.tasks.language_model import LanguageModelObjective, TextDataConfig
+from attnlab.tasks.registry import get_task
 from attnlab.tokenizers import ByteLevelBPE
-from attnlab.train.lm_task import LanguageModelTask
+from attnlab.train.config import TrainConfig
 from attnlab.train.loop import Trainer, learning_rate
 from attnlab.train.optim import cosine_lr
+from tests.conftest import tiny_lm_recipe, tiny_text
 
-WORDS = "to be or not that is the question whether tis nobler in mind suffer slings and arrows".split()
-TINY_LM = ["d_model=32", "n_heads=4", "n_layers=2", "max_seq_len=16", "block_size=16", "batch_size=8",
-           "lr=0.01", "min_lr=0.001", "warmup_steps=5", "lr_decay_steps=30", "eval_every=10",
-           "checkpoint_every=10", "log_every=5"]
-
-
-def tiny_text(n_sentences=150, seed=0) -> str:
-    rng = random.Random(seed)
-    lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 6))).capitalize() + "." for _ in range(n_sentences)]
-    return "To be or not to be.\n" + "\n".join(lines) + "\n"
-
-
-@pytest.fixture
-def tiny_shakespeare(tmp_path, monkeypatch):
-    """A few KB of simple sentences as tinyshakespeare/input.txt, the only place searched."""
-    import attnlab.data.datasets as datasets
-
-    root = tmp_path / "data"
-    (root / "tinyshakespeare").mkdir(parents=True)
-    text = tiny_text()
-    (root / "tinyshakespeare" / "input.txt").write_text(text, encoding="utf-8")
-    monkeypatch.setenv("ATTNLAB_DATA", str(root))
-    monkeypatch.setattr(datasets, "search_path", lambda: [root])
-    return text
-
-
-def tiny_lm_recipe(steps, extra=()):
-    return get_recipe("shakespeare-char").with_overrides(TINY_LM + [f"max_steps={steps}", *extra])
-
+LM = get_task("gpt")
 
 # ----------------------------------------------------------------------------- schedule
 def test_cosine_lr_known_values():
@@ -111,8 +78,8 @@ def _trainer(tmp_path, accum, name):
     text = tiny_text(30)
     tok = char_tokenizer(text)
     stream = TokenStream(torch.tensor(tok.encode(text)))
-    cfg = TrainConfig(lr_schedule="constant", lr=1e-3, warmup_steps=1, label_smoothing=0.0, grad_accum_steps=accum)
-    task = LanguageModelTask(stream, stream, TextDataConfig(block_size=16, batch_size=8), cfg)
+    cfg = TrainConfig(lr_schedule="constant", lr=1e-3, warmup_steps=1, grad_accum_steps=accum)
+    task = LanguageModelObjective(stream, stream, TextDataConfig(block_size=16, batch_size=8), cfg.seed)
     torch.manual_seed(0)
     model = GPT(GPTConfig.from_name("llama", vocab_size=tok.vocab_size, d_model=32, n_heads=4, n_layers=2,
                                     max_seq_len=16))
@@ -136,7 +103,7 @@ def test_grad_accum_of_half_batches_equals_one_full_batch(tmp_path):
 # ----------------------------------------------------------------------------- end to end
 def test_train_lm_end_to_end(tiny_shakespeare, tmp_path):
     out = tmp_path / "run"
-    result = train_lm(tiny_lm_recipe(30), out)
+    result = LM.train(tiny_lm_recipe(30), out)
     assert result["steps"] == 30 and result["parameters"] > 0
     for name in ("config.json", "model.safetensors", "tokenizer.json", "metrics.jsonl"):
         assert (out / name).is_file()
@@ -156,21 +123,22 @@ def test_train_lm_end_to_end(tiny_shakespeare, tmp_path):
     assert sorted(tok.decode([i]) for i in range(tok.vocab_size)) == sorted(set(train_text))
     saved = json.loads((out / "config.json").read_text())
     assert saved["model_type"] == "gpt" and saved["model"]["vocab_size"] == tok.vocab_size
-    model, tok2, _ = load_lm(out)
+    run = LM.load(out)
+    model, tok2 = run.model, run.tokenizer
     assert not model.training and tok2.vocab_size == tok.vocab_size
-    scored = evaluate_lm(out, "val")
+    scored = LM.evaluate(out, "val")
     assert scored["split"] == "val" and scored["val_loss"] == pytest.approx(result["best"], abs=1e-4)
     assert scored["n"] == len(tiny_shakespeare) - len(train_text) - 1
     assert scored["perplexity"] == pytest.approx(math.exp(scored["val_loss"]), rel=1e-3)
-    assert evaluate_lm(out, "train", limit=40)["n"] == 40
+    assert LM.evaluate(out, "train", limit=40)["n"] == 40
     with pytest.raises(ValueError, match="split"):
-        evaluate_lm(out, "dev")
+        LM.evaluate(out, "dev")
 
 
 def test_resumed_lm_run_equals_uninterrupted(tiny_shakespeare, tmp_path):
-    train_lm(tiny_lm_recipe(30), tmp_path / "full")
-    train_lm(tiny_lm_recipe(20), tmp_path / "split")
-    result = train_lm(tiny_lm_recipe(30), tmp_path / "split", resume=True)
+    LM.train(tiny_lm_recipe(30), tmp_path / "full")
+    LM.train(tiny_lm_recipe(20), tmp_path / "split")
+    result = LM.train(tiny_lm_recipe(30), tmp_path / "split", resume=True)
     assert result["steps"] == 30
     a = load_file(str(tmp_path / "full" / "checkpoint" / "model.safetensors"))
     b = load_file(str(tmp_path / "split" / "checkpoint" / "model.safetensors"))
@@ -179,5 +147,5 @@ def test_resumed_lm_run_equals_uninterrupted(tiny_shakespeare, tmp_path):
 
 def test_block_size_longer_than_context_is_refused_before_writing(tiny_shakespeare, tmp_path):
     with pytest.raises(ValueError, match="block_size"):
-        train_lm(tiny_lm_recipe(5, ["block_size=32"]), tmp_path / "bad")
+        LM.train(tiny_lm_recipe(5, ["block_size=32"]), tmp_path / "bad")
     assert not (tmp_path / "bad").exists()

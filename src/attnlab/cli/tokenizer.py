@@ -20,8 +20,11 @@ import sys
 import time
 from pathlib import Path
 
-from .bpe import ByteLevelBPE, load_tokenizer
-from .pretokenize import PATTERNS
+from attnlab.cli.args import decode_utf8, stdin_lines
+from attnlab.tokenizers.bpe import ByteLevelBPE, load_tokenizer
+from attnlab.tokenizers.gguf import read_gguf_tokenizer
+from attnlab.tokenizers.pretokenize import PATTERNS
+from attnlab.tokenizers.viz import draw_trace, format_trace, merge_steps
 
 DEFAULT_WORDS = "low lower newest widest newer wider"
 
@@ -72,21 +75,11 @@ def load_any(path) -> ByteLevelBPE:
         FileNotFoundError: no such file. ValueError: malformed file, or `gguf` not installed.
     """
     if str(path).lower().endswith(".gguf"):
-        from .gguf import read_gguf_tokenizer
         try:
             return read_gguf_tokenizer(path).tokenizer
         except ImportError as err:  # the optional `gguf` package: a one-line reason, exit 2
             raise ValueError(str(err)) from None
     return load_tokenizer(path)
-
-
-def decode_utf8(data: bytes, where: str) -> str:
-    """Strict UTF-8 decoding. Raises ValueError naming `where` and the first bad byte offset."""
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise ValueError(f"{where}: not valid UTF-8 at byte offset {err.start} "
-                         f"(byte 0x{data[err.start]:02x})") from None
 
 
 def read_text_file(path) -> str:
@@ -101,17 +94,6 @@ def lines_with_ends(text: str) -> list[str]:
     """`text` cut after every "\n" (kept), as HF `tokenizers` reads training files."""
     parts = text.split("\n")
     return [p + "\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
-
-
-def _stdin_lines() -> list[str]:
-    """stdin as lines without their line ends ("\\n" or "\\r\\n"), strictly UTF-8."""
-    stream = sys.stdin
-    raw = stream.buffer.read() if hasattr(stream, "buffer") else stream.read()
-    text = decode_utf8(raw, "stdin") if isinstance(raw, bytes) else raw
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
 def cmd_train(args) -> None:
@@ -133,14 +115,14 @@ def cmd_train(args) -> None:
 def cmd_encode(args) -> None:
     tok = load_any(args.tokenizer)
     allowed = "all" if args.allow_special else "none"
-    lines = [args.text] if args.text is not None else _stdin_lines()
+    lines = [args.text] if args.text is not None else stdin_lines()
     for line in lines:
         print(json.dumps(tok.encode(line, allowed_special=allowed)), flush=True)
 
 
 def cmd_decode(args) -> None:
     tok = load_any(args.tokenizer)
-    for n, line in enumerate(_stdin_lines(), 1):
+    for n, line in enumerate(stdin_lines(), 1):
         if not line.strip():
             continue
         try:
@@ -154,8 +136,6 @@ def cmd_decode(args) -> None:
 
 
 def cmd_viz(args) -> None:
-    from .viz import draw_trace, format_trace, merge_steps
-
     trace = merge_steps(args.words, args.merges)
     print(format_trace(trace))
     if len(trace.steps) < args.merges:

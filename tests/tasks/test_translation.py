@@ -5,22 +5,22 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from attnlab.recipes import get_recipe
-from attnlab.translation import load_translator, train_translation
+from attnlab.tasks.registry import get_task
+from attnlab.tasks.translation import TranslationObjective
+from tests.conftest import tiny_recipe
 
-TINY = ["d_model=32", "n_heads=4", "n_encoder_layers=1", "n_decoder_layers=1", "d_ff=64", "dropout=0.1",
-        "tokenizer_vocab_size=300", "batch_tokens=200", "warmup_steps=5", "eval_every=4",
-        "checkpoint_every=2", "eval_bleu_sentences=5", "log_every=1", "average_last=2", "minutes=none"]
+TRANSLATION = get_task("seq2seq")
 
 
-def tiny_recipe(steps, extra=()):
-    return get_recipe("multi30k-en-de").with_overrides(TINY + [f"max_steps={steps}", *extra])
+def load_translator(path):
+    run = TRANSLATION.load(path)
+    return run.model, run.tokenizer, run.config
 
 
 def test_resumed_run_equals_uninterrupted(tiny_multi30k, tmp_path):
-    train_translation(tiny_recipe(7), tmp_path / "full")
-    train_translation(tiny_recipe(3), tmp_path / "split")
-    train_translation(tiny_recipe(7), tmp_path / "split", resume=True)
+    TRANSLATION.train(tiny_recipe(7), tmp_path / "full")
+    TRANSLATION.train(tiny_recipe(3), tmp_path / "split")
+    TRANSLATION.train(tiny_recipe(7), tmp_path / "split", resume=True)
     a = load_file(str(tmp_path / "full" / "checkpoint" / "model.safetensors"))
     b = load_file(str(tmp_path / "split" / "checkpoint" / "model.safetensors"))
     assert a.keys() == b.keys()
@@ -31,7 +31,7 @@ def test_resumed_run_equals_uninterrupted(tiny_multi30k, tmp_path):
 
 
 def test_saved_model_loads_with_identical_outputs(tiny_multi30k, tmp_path):
-    result = train_translation(tiny_recipe(4), tmp_path / "run")
+    result = TRANSLATION.train(tiny_recipe(4), tmp_path / "run")
     assert {"val_bleu", "val_loss", "best", "tokens_per_s"} <= set(result)
     model, tok, saved = load_translator(tmp_path / "run")
     again, _, _ = load_translator(tmp_path / "run")
@@ -49,7 +49,7 @@ def test_ctrl_c_checkpoints_after_the_step_and_resume_matches(tiny_multi30k, tmp
 
     from attnlab.train.loop import Trainer
 
-    train_translation(tiny_recipe(7), tmp_path / "full")
+    TRANSLATION.train(tiny_recipe(7), tmp_path / "full")
     original = Trainer._train_step
 
     def step_then_ctrl_c(self, batch):
@@ -60,20 +60,18 @@ def test_ctrl_c_checkpoints_after_the_step_and_resume_matches(tiny_multi30k, tmp
 
     monkeypatch.setattr(Trainer, "_train_step", step_then_ctrl_c)
     with pytest.raises(KeyboardInterrupt):
-        train_translation(tiny_recipe(7), tmp_path / "split")
+        TRANSLATION.train(tiny_recipe(7), tmp_path / "split")
     state = json.loads((tmp_path / "split" / "checkpoint" / "state.json").read_text())
     assert state["step"] == 3
     monkeypatch.setattr(Trainer, "_train_step", original)
-    train_translation(tiny_recipe(7), tmp_path / "split", resume=True)
+    TRANSLATION.train(tiny_recipe(7), tmp_path / "split", resume=True)
     a = load_file(str(tmp_path / "full" / "checkpoint" / "model.safetensors"))
     b = load_file(str(tmp_path / "split" / "checkpoint" / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_diverged_loss_stops_without_touching_the_weights(tiny_multi30k, tmp_path, monkeypatch):
-    from attnlab.train.translation_task import TranslationTask
-
-    original = TranslationTask.loss
+    original = TranslationObjective.loss
     calls = []
 
     def nan_at_third(self, model, batch):
@@ -81,9 +79,9 @@ def test_diverged_loss_stops_without_touching_the_weights(tiny_multi30k, tmp_pat
         calls.append(1)
         return (loss * float("nan"), n) if len(calls) == 3 else (loss, n)
 
-    monkeypatch.setattr(TranslationTask, "loss", nan_at_third)
+    monkeypatch.setattr(TranslationObjective, "loss", nan_at_third)
     with pytest.raises(FloatingPointError, match="at step 3"):
-        train_translation(tiny_recipe(7), tmp_path / "run")
+        TRANSLATION.train(tiny_recipe(7), tmp_path / "run")
     state = json.loads((tmp_path / "run" / "checkpoint" / "state.json").read_text())
     assert state["step"] == 2  # the checkpoint of step 2 (checkpoint_every=2) is intact
     weights = load_file(str(tmp_path / "run" / "checkpoint" / "model.safetensors"))

@@ -1,22 +1,50 @@
-"""Command-line sub-commands that run models: generate, chat, embed, classify, convert.
+"""Command-line sub-commands that run models: translate, generate, chat, embed, classify, convert.
 
-Each is a thin call into the library (generate.generate, chat.Chat, embed.embed, interop).
+Each is a thin call into the library (tasks.translation.translate, generate.generate, chat.Chat,
+embed.embed, a task's classify, convert.convert).
 """
 from __future__ import annotations
 
 import json
 import sys
 
-from attnlab.cli import _check_text, _nonnegative_float, _positive_int, _probability, _stdin_lines
+from attnlab.chat import Chat
+from attnlab.cli.args import (beam, check_text, nonnegative_float, positive_int, probability, seed, stdin_lines,
+                              texts)
+from attnlab.convert import convert
+from attnlab.embed import embed
+from attnlab.generate import check_context, generate
+from attnlab.load import load_causal_lm, load_encoder
+from attnlab.sampling import check_sampling
+from attnlab.tasks.registry import load_run, task_of_run
+from attnlab.tasks.translation import TranslationDataConfig, translate
+from attnlab.textstream import TextStream
 
 
-def _cmd_generate(args) -> None:
-    from attnlab.generate import check_context, generate
-    from attnlab.pretrained import load_causal_lm
-    from attnlab.sampling import check_sampling
-    from attnlab.textstream import TextStream
+def _write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
 
-    prompts = [_check_text(p, f"--prompt {i + 1}") for i, p in enumerate(args.prompt)]
+
+def cmd_translate(args) -> None:
+    lines = [check_text(t, f"argument {i + 1}") for i, t in enumerate(args.text)] if args.text else stdin_lines()
+    run = load_run(args.model)
+    if run.model_type != "seq2seq":
+        raise ValueError(f"{args.model} is a {run.model_type} model; translate needs a translation run "
+                         f"(the multi30k-en-de recipe)")
+    data = TranslationDataConfig.from_dict(run.config["data"])
+    todo = [i for i, x in enumerate(lines) if x.strip()]  # empty lines are skipped (an empty line out)
+    out = [""] * len(lines)
+    hyps = translate(run.model, run.tokenizer, [lines[i].strip() for i in todo], args.beam or data.beam_size,
+                     data.length_penalty)
+    for i, hyp in zip(todo, hyps):
+        out[i] = hyp
+    for hyp in out:
+        print(hyp, flush=True)
+
+
+def cmd_generate(args) -> None:
+    prompts = [check_text(p, f"--prompt {i + 1}") for i, p in enumerate(args.prompt)]
     if any(p == "" for p in prompts):
         raise ValueError("--prompt is empty; give some text to continue")
     check_sampling(args.temperature, args.top_k, args.top_p)
@@ -44,15 +72,7 @@ def _cmd_generate(args) -> None:
         print(json.dumps({"prompt": prompt, "completion": tokenizer.decode(new)}), flush=True)
 
 
-def _write(text: str) -> None:
-    sys.stdout.write(text)
-    sys.stdout.flush()
-
-
-def _cmd_chat(args) -> None:
-    from attnlab.chat import Chat
-    from attnlab.pretrained import load_causal_lm
-
+def cmd_chat(args) -> None:
     chat = Chat(load_causal_lm(args.model), args.system, max_new_tokens=args.max_new_tokens,
                 temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     interactive = sys.stdin.isatty()
@@ -80,56 +100,43 @@ def _cmd_chat(args) -> None:
         _write("\n")
 
 
-def _cmd_embed(args) -> None:
-    from attnlab.embed import embed
-    from attnlab.pretrained import load_encoder
-
-    texts = _texts(args.text)
-    vectors = embed(load_encoder(args.model), texts)
+def cmd_embed(args) -> None:
+    vectors = embed(load_encoder(args.model), texts(args.text))
     print(json.dumps([[round(x, 7) for x in row] for row in vectors.tolist()]))
 
 
-def _cmd_classify(args) -> None:
-    from pathlib import Path
-
-    from attnlab.runs import model_type
-
-    kind = model_type(Path(args.model))
-    if kind == "vit":
-        from attnlab.vision import classify_images
-        if not args.inputs:
-            raise ValueError("give image files to classify")
-        results = classify_images(args.model, args.inputs)
-    elif kind == "bert":
-        from attnlab.text_classification import classify_texts
-        texts = _texts(args.inputs)
-        results = classify_texts(args.model, texts)
-    else:
-        raise ValueError(f"{args.model} is a {kind} model, not a classifier (sst2 / mnist-vit recipes)")
-    for label, probability in results:
-        print(f"{label}\t{probability:.4f}", flush=True)
+def cmd_classify(args) -> None:
+    task = task_of_run(args.model)
+    run = task.load(args.model)
+    inputs = args.inputs if run.model_type == "vit" else texts(args.inputs)
+    for label, p in task.classify(run, inputs):
+        print(f"{label}\t{p:.4f}", flush=True)
 
 
-def _texts(arguments: list[str]) -> list[str]:
-    """The texts of the arguments, or else of stdin's lines; an empty one is refused by position."""
-    where = "argument" if arguments else "stdin line"
-    texts = [_check_text(t, f"argument {i + 1}") for i, t in enumerate(arguments)] if arguments else _stdin_lines()
-    if not texts:
-        raise ValueError("give at least one text (arguments, or one per stdin line)")
-    empty = [i + 1 for i, t in enumerate(texts) if not t.strip()]
-    if empty:
-        raise ValueError(f"{where} {empty[0]} is empty; every {where.split()[-1]} must hold some text")
-    return texts
-
-
-def _cmd_convert(args) -> None:
-    from attnlab.interop.convert import convert
-
+def cmd_convert(args) -> None:
     print(json.dumps(convert(args.source, args.to)))
 
 
+def _sampling_args(p, temperature: float, default_new: int | None = None) -> None:
+    p.add_argument("--max-new-tokens", type=positive_int, default=default_new,
+                   help="tokens to generate (default: up to 200 within the context)" if default_new is None
+                   else f"tokens per reply (default {default_new})")
+    p.add_argument("--temperature", type=nonnegative_float, default=temperature,
+                   help=f"0 = greedy (default {temperature})")
+    p.add_argument("--top-k", type=positive_int, help="sample among the K most probable tokens")
+    p.add_argument("--top-p", type=probability, help="sample from the smallest set holding probability P")
+    p.add_argument("--seed", type=seed, help="seed for reproducible sampling (0 .. 2**63 - 1)")
+
+
 def add_model_parsers(sub) -> None:
-    """Register generate, chat, embed and convert on an argparse sub-parser set."""
+    """Register translate, generate, chat, embed, classify and convert on the main parser's sub-parsers."""
+    tr = sub.add_parser("translate", help="translate TEXT arguments, or stdin lines; one line out each "
+                        "(an empty line in gives an empty line out)")
+    tr.add_argument("--model", required=True, help="trained model directory")
+    tr.add_argument("--beam", type=beam, help="beam size 1..64 (1 = greedy; default: the run's beam_size, 4)")
+    tr.add_argument("text", nargs="*", help="sentences to translate (default: read stdin)")
+    tr.set_defaults(func=cmd_translate)
+
     g = sub.add_parser("generate", help="continue a prompt with a language model (streamed to stdout)")
     g.add_argument("--model", required=True, help="a trained run directory, a HF model directory, a .gguf "
                    "file, or a name: smollm2-135m")
@@ -137,48 +144,28 @@ def add_model_parsers(sub) -> None:
                    "(then one JSON line per prompt)")
     _sampling_args(g, 0.8)
     g.add_argument("--no-cache", action="store_true", help="recompute every position at each step (no KV cache)")
-    g.set_defaults(func=_cmd_generate)
+    g.set_defaults(func=cmd_generate)
 
     c = sub.add_parser("chat", help="multi-turn chat with an instruction-tuned model and its chat template "
                        "(stdin lines; /reset, /exit)")
     c.add_argument("--model", required=True, help="smollm2-135m, a .gguf file or a HF model directory")
     c.add_argument("--system", help="a system message")
     _sampling_args(c, 0.0, default_new=256)
-    c.set_defaults(func=_cmd_chat)
+    c.set_defaults(func=cmd_chat)
 
     e = sub.add_parser("embed", help="sentence embeddings (mean-pooled, normalised) as a JSON list of lists")
     e.add_argument("--model", required=True, help="all-minilm-l6-v2 or a HF BERT directory")
     e.add_argument("text", nargs="*", help="texts (default: one per stdin line)")
-    e.set_defaults(func=_cmd_embed)
+    e.set_defaults(func=cmd_embed)
 
     k = sub.add_parser("classify", help="label and probability per input: texts for a text classifier (sst2), "
                        "image files for a ViT")
     k.add_argument("--model", required=True, help="a trained classifier run directory")
     k.add_argument("inputs", nargs="*", help="texts (default: stdin lines) or image files")
-    k.set_defaults(func=_cmd_classify)
+    k.set_defaults(func=cmd_classify)
 
     v = sub.add_parser("convert", help="write a model (GGUF file, HF directory, our run directory) as a HF "
                        "directory that transformers loads")
     v.add_argument("--from", dest="source", required=True, help="a name, .gguf file or model directory")
     v.add_argument("--to", required=True, help="the output directory")
-    v.set_defaults(func=_cmd_convert)
-
-
-def _seed(text: str) -> int:
-    import argparse
-
-    value = int(text)
-    if not 0 <= value < 2 ** 63:
-        raise argparse.ArgumentTypeError(f"must be in 0 .. 2**63 - 1, got {value}")
-    return value
-
-
-def _sampling_args(p, temperature: float, default_new: int | None = None) -> None:
-    p.add_argument("--max-new-tokens", type=_positive_int, default=default_new,
-                   help="tokens to generate (default: up to 200 within the context)" if default_new is None
-                   else f"tokens per reply (default {default_new})")
-    p.add_argument("--temperature", type=_nonnegative_float, default=temperature,
-                   help=f"0 = greedy (default {temperature})")
-    p.add_argument("--top-k", type=_positive_int, help="sample among the K most probable tokens")
-    p.add_argument("--top-p", type=_probability, help="sample from the smallest set holding probability P")
-    p.add_argument("--seed", type=_seed, help="seed for reproducible sampling (0 .. 2**63 - 1)")
+    v.set_defaults(func=cmd_convert)

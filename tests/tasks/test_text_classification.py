@@ -8,7 +8,14 @@ import torch
 
 from attnlab.cli import main
 from attnlab.recipes import get_recipe
-from attnlab.text_classification import classify_texts, evaluate_bert, load_bert_run, train_bert
+from attnlab.tasks.registry import get_task
+
+BERT = get_task("bert")
+
+
+def load_bert_run(path):
+    run = BERT.load(path)
+    return run.model, run.tokenizer, run.config
 
 POS = "good great wonderful lovely fine superb".split()
 NEG = "bad awful terrible boring poor dull".split()
@@ -41,7 +48,7 @@ def tiny_text_data(tmp_path, monkeypatch):
 
 def test_mlm_pretraining_then_sst2_fine_tuning(tiny_text_data, tmp_path):
     mlm = get_recipe("bert-mlm").with_overrides(TINY + ["max_steps=30", "lr=3e-3", "min_lr=1e-4"])
-    record = train_bert(mlm, tmp_path / "mlm")
+    record = BERT.train(mlm, tmp_path / "mlm")
     curve = [json.loads(x)["mlm_loss"] for x in (tmp_path / "mlm" / "metrics.jsonl").read_text().splitlines()
              if "mlm_loss" in x]
     assert curve[-1] < curve[0]
@@ -49,18 +56,18 @@ def test_mlm_pretraining_then_sst2_fine_tuning(tiny_text_data, tmp_path):
     assert saved["model"]["mask_id"] == tok.token_to_id("[MASK]") and record["steps"] == 30
 
     sst2 = get_recipe("sst2").with_overrides(TINY + ["max_steps=150", "lr=2e-3", "eval_every=25", f"init={tmp_path / 'mlm'}"])
-    fine = train_bert(sst2, tmp_path / "sst2")
+    fine = BERT.train(sst2, tmp_path / "sst2")
     assert fine["best"] >= 0.9  # one sentiment word per sentence: learnable
     pretrained = load_bert_run(tmp_path / "mlm")[0].state_dict()["layers.0.self_attn.q_proj.weight"]
     assert (pretrained != load_bert_run(tmp_path / "sst2")[0].state_dict()["layers.0.self_attn.q_proj.weight"]).any()
-    assert evaluate_bert(tmp_path / "sst2", "dev")["accuracy"] == pytest.approx(fine["best"], abs=1e-4)
-    labels = classify_texts(tmp_path / "sst2", ["a wonderful film", "an awful movie"])
+    assert BERT.evaluate(tmp_path / "sst2", "dev")["accuracy"] == pytest.approx(fine["best"], abs=1e-4)
+    labels = BERT.classify(BERT.load(tmp_path / "sst2"), ["a wonderful film", "an awful movie"])
     assert [label for label, _ in labels] == ["positive", "negative"] and all(0.5 < p <= 1 for _, p in labels)
 
 
 def test_padding_does_not_change_the_classification(tiny_text_data, tmp_path):
     sst2 = get_recipe("sst2").with_overrides(TINY + ["max_steps=5", "init=none"])
-    train_bert(sst2, tmp_path / "run")
+    BERT.train(sst2, tmp_path / "run")
     model, tok, _ = load_bert_run(tmp_path / "run")
     ids = tok.encode("the film was good").ids
     alone = model.classify(model(torch.tensor([ids])))

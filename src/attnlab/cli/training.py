@@ -1,0 +1,57 @@
+"""`attnlab train` and `attnlab evaluate`: thin calls into the task registry (tasks/registry.py)."""
+from __future__ import annotations
+
+import json
+import sys
+
+from attnlab.cli.args import beam, positive_float, positive_int
+from attnlab.recipes import RECIPES, get_recipe
+from attnlab.tasks.registry import evaluate_run, task_of_recipe
+
+
+def cmd_train(args) -> None:
+    recipe = get_recipe(args.recipe)
+    budget = []
+    if args.minutes is not None:
+        budget.append(f"minutes={args.minutes}")
+    if args.steps is not None:
+        budget += [f"max_steps={args.steps}"] + ([] if args.minutes is not None else ["minutes=none"])
+    if args.resume and args.set:
+        raise ValueError("--set cannot change a run being resumed (its settings are in its config.json); "
+                         "only --steps and --minutes apply")
+    recipe = recipe.with_overrides(list(args.set) + budget)
+    out = args.out or f"runs/{recipe.name}"
+    try:
+        result = task_of_recipe(recipe).train(recipe, out, resume=args.resume)
+    except KeyboardInterrupt:
+        print(f"attnlab: interrupted; continue with: attnlab train --recipe {recipe.name} --out {out} --resume",
+              file=sys.stderr)
+        raise SystemExit(130) from None
+    print(json.dumps(result))
+
+
+def cmd_evaluate(args) -> None:
+    print(json.dumps(evaluate_run(args.model, args.split, args.limit, beam=args.beam)))
+
+
+def add_training_parsers(sub) -> None:
+    """Register train and evaluate on the main parser's sub-parsers."""
+    t = sub.add_parser("train", help="train a recipe into a run directory")
+    t.add_argument("--recipe", required=True, help=f"recipe name: {', '.join(RECIPES)}")
+    t.add_argument("--minutes", type=positive_float, help="wall-clock budget (total, across resumes)")
+    t.add_argument("--steps", type=positive_int, help="optimizer-step budget (total, across resumes)")
+    t.add_argument("--out", help="run directory (default runs/RECIPE)")
+    t.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
+    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a model/data/train setting, e.g. --set d_model=512")
+    t.set_defaults(func=cmd_train)
+
+    e = sub.add_parser("evaluate", help="score a trained model (sacreBLEU for translation, validation loss and "
+                       "perplexity for language models, accuracy for classifiers); one JSON line on stdout")
+    e.add_argument("--model", required=True, help="trained model directory")
+    e.add_argument("--split", help="train | val | test (default: the task's held-out split; translation: test = "
+                   "test_2016_flickr; language models: test = val, the held-out 10%%)")
+    e.add_argument("--limit", type=positive_int, help="only the first N sentences (translation) or tokens (LM)")
+    e.add_argument("--beam", type=beam, help="translation beam size 1..64 (1 = greedy; default: the run's "
+                   "beam_size, 4)")
+    e.set_defaults(func=cmd_evaluate)

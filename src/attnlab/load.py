@@ -1,0 +1,117 @@
+"""Load any model attnlab runs, by name or path: a named pretrained model, a .gguf file, a Hugging
+Face model directory, or one of our run directories (through the task registry).
+
+Loaded carries what running a model needs beside the model (tokenizer, chat template, special
+tokens); `model_type` is the one vocabulary of kinds (the task registry's: "gpt", "bert", ...).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from attnlab.interop.gguf import load_gguf
+from attnlab.interop.hf import load_hf
+from attnlab.interop.hf_bert import load_hf_bert
+from attnlab.jsonfile import read_json
+from attnlab.pretrained import resolve
+from attnlab.tasks.registry import load_run
+from attnlab.tokenizers import ByteLevelBPE
+from attnlab.train.run_dir import is_run_dir
+
+CAUSAL = ("gpt",)      # model types that continue a prompt (generate, chat)
+ENCODERS = ("bert",)   # model types that embed text
+
+
+@dataclass
+class Loaded:
+    """A loaded model with what running it needs."""
+
+    model: object                       # e.g. models.gpt.GPT or models.bert.Bert, in eval mode
+    tokenizer: object                   # ByteLevelBPE (decoders) or tokenizers.Tokenizer (BERT WordPiece)
+    model_type: str                     # the task registry's key: "gpt", "bert", ...
+    source: Path                        # the file or directory it came from
+    chat_template: str | None = None    # Jinja chat template, when the checkpoint has one
+    special: dict = field(default_factory=dict)  # e.g. {"bos": "<|im_start|>", "eos": ...}
+    max_seq_len: int | None = None      # the longest input the pooling config allows (encoders)
+
+
+def _model_dir(path: Path) -> dict:
+    """config.json of a model directory."""
+    if not path.is_dir():
+        raise ValueError(f"{path} is not a model directory")
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path} has no config.json")
+    return read_json(path / "config.json")
+
+
+def _special_strings(tokenizer, cfg) -> dict:
+    """{"bos": text, "eos": text} of the model's special ids, for chat templates."""
+    out = {}
+    for key, token_id in (("bos", cfg.bos_id), ("eos", cfg.eos_id)):
+        if token_id is not None:
+            try:
+                out[key] = tokenizer.id_to_token(token_id)
+            except KeyError:
+                pass
+    return out
+
+
+def _check_kind(loaded: Loaded, wanted: tuple[str, ...], what: str) -> Loaded:
+    if loaded.model_type not in wanted:
+        raise ValueError(f"{loaded.source} is a {loaded.model_type} model; {what} needs a {' or '.join(wanted)} model")
+    return loaded
+
+
+def load_model(name_or_path: str) -> Loaded:
+    """Any model: a name (smollm2-135m, all-minilm-l6-v2), a GGUF file, a HF model directory
+    (config.json + safetensors + tokenizer.json: llama, mistral, qwen2, mixtral, gpt2, bert) or one
+    of our run directories.
+
+    Raises:
+        FileNotFoundError, ValueError: naming what is missing or unsupported.
+    """
+    path = resolve(name_or_path)
+    if path.is_file():
+        model, tokenizer, metadata = load_gguf(path)
+        return Loaded(model, tokenizer, "gpt", path, metadata.get("tokenizer.chat_template"),
+                      _special_strings(tokenizer, model.cfg))
+    config = _model_dir(path)
+    if is_run_dir(path):
+        run = load_run(path)
+        special = _special_strings(run.tokenizer, run.model.cfg) if run.model_type in CAUSAL else {}
+        return Loaded(run.model, run.tokenizer, run.model_type, path, None, special,
+                      max_seq_len=getattr(run.model.cfg, "max_seq_len", None))
+    if config.get("model_type") == "bert":
+        model, tokenizer, _, limit = load_hf_bert(str(path))
+        return Loaded(model, tokenizer, "bert", path, max_seq_len=limit)
+    model, _ = load_hf(path)
+    if not (path / "tokenizer.json").is_file():
+        raise FileNotFoundError(f"{path} has no tokenizer.json")
+    tokenizer = ByteLevelBPE.load(path / "tokenizer.json")
+    template = None
+    if (path / "tokenizer_config.json").is_file():
+        template = json.loads((path / "tokenizer_config.json").read_text()).get("chat_template")
+    return Loaded(model.eval(), tokenizer, "gpt", path, template, _special_strings(tokenizer, model.cfg))
+
+
+def load_causal_lm(name_or_path: str) -> Loaded:
+    """A decoder-only language model (load_model, then checked to continue text).
+
+    Raises:
+        FileNotFoundError, ValueError: naming what is missing, unsupported or of another kind.
+    """
+    return _check_kind(load_model(name_or_path), CAUSAL, "text generation")
+
+
+def load_encoder(name_or_path: str) -> Loaded:
+    """A BERT encoder: all-minilm-l6-v2, a HF BERT directory or one of our BERT runs.
+
+    Raises:
+        FileNotFoundError, ValueError: naming what is missing, unsupported or of another kind.
+    """
+    path = resolve(name_or_path)
+    if path.is_file():
+        raise ValueError(f"{name_or_path} is a single-file (GGUF) language model; this needs a BERT encoder "
+                         f"directory such as all-minilm-l6-v2")
+    return _check_kind(load_model(name_or_path), ENCODERS, "an encoder")
