@@ -4,7 +4,7 @@ An objective (made by a task family, tasks/) supplies the data and the loss: `ba
 deterministic list of batches for that epoch), `loss(model, batch) -> (loss, n_tokens)`,
 `evaluate(model) -> dict`, `best_metric` (a key of evaluate()'s dict) and optionally
 `higher_is_better` (default True). The loop owns the
-optimiser and schedule, gradient accumulation and clipping, the budgets, logging (progress bar on
+optimiser and schedule, gradient accumulation (token-weighted) and clipping, the budgets, logging (progress bar on
 stderr, metrics.jsonl), checkpoints, resuming, keeping the best weights and averaging the last ones.
 """
 from __future__ import annotations
@@ -129,8 +129,21 @@ class Trainer:
             old.unlink()
 
     def _train_step(self, micro_batches: list) -> tuple[float, int]:
-        """One optimizer step over cfg.grad_accum_steps micro-batches (gradients summed, each loss
-        divided by their number). Returns (mean loss, tokens)."""
+        """One optimizer step over cfg.grad_accum_steps micro-batches.
+
+        The step's loss is Σ (token losses) / Σ (tokens) over the whole accumulation window, each
+        micro-batch weighted by the count its objective reports (target tokens, masked tokens,
+        sentences or images), so the gradient equals the gradient of the same examples as one
+        batch. Each micro-batch's mean loss is back-propagated times its count, and the summed
+        gradient is divided by the window's count before clipping (the fault of
+        huggingface/transformers#24725: averaging per-micro-batch means weighs a short micro-batch's
+        tokens more).
+
+        Returns:
+            (the window's mean loss per counted item, the count).
+        Raises:
+            FloatingPointError: when a loss is not finite (nothing is updated).
+        """
         s, cfg = self.state, self.cfg
         lr = learning_rate(cfg, s["step"] + 1, self.d_model)
         set_lr(self.optimizer, lr)
@@ -144,15 +157,19 @@ class Trainer:
                 raise FloatingPointError(
                     f"the loss is {loss.item()} at step {s['step'] + 1}: training diverged (lower lr_factor / lr "
                     f"or raise warmup_steps); the weights were not updated and the last checkpoint is intact")
-            (loss / len(micro_batches)).backward()
-            total += loss.item() / len(micro_batches)
+            (loss * n).backward()
+            total += loss.item() * n
             n_tokens += n
+        scale = 1.0 / max(n_tokens, 1)
+        for p in self.model.parameters():
+            if p.grad is not None:
+                p.grad.mul_(scale)
         if cfg.clip_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_grad_norm)
         self.optimizer.step()
         s["step"] += 1
         s["tokens"] += n_tokens
-        return total, n_tokens
+        return total * scale, n_tokens
 
     def fit(self) -> dict:
         """Train until a budget (cfg.max_steps, cfg.minutes) runs out, then evaluate, checkpoint and
