@@ -71,27 +71,59 @@ def length_penalty(length: int, alpha: float) -> float:
     return ((5.0 + length) / 6.0) ** alpha
 
 
+EARLY_STOPPING = ("exact", "heuristic")
+
+
+def best_reachable(log_prob: float, length: int, max_length: int, alpha: float, early_stopping: str) -> float:
+    """The highest score that an alive hypothesis (log P = log_prob <= 0 after `length` tokens) may
+    still reach, as beam_search's stopping test sees it.
+
+    "exact": an upper bound. Log-probabilities only fall, and lp is monotone in the length
+    (increasing for α > 0, decreasing for α < 0), so no continuation, finished at any length in
+    length + 1 .. max_length, scores above log_prob / max(lp(length + 1), lp(max_length)); for α > 0
+    that is the maximum length. Hugging Face's early_stopping="never" (huggingface/transformers#20901).
+    "heuristic": log_prob / lp(length), the score if it ended now, as tensor2tensor and Hugging Face's
+    early_stopping=False; a longer hypothesis may still beat it when α > 0.
+    """
+    if early_stopping == "heuristic":
+        return log_prob / length_penalty(length, alpha)
+    return log_prob / max(length_penalty(length + 1, alpha), length_penalty(max_length, alpha))
+
+
 @torch.no_grad()
 def beam_search(model: Seq2SeqTransformer, src: torch.Tensor, beam_size: int = 4, alpha: float = 0.6,
-                max_new_tokens: int | None = None) -> list[list[int]]:
+                max_new_tokens: int | None = None, early_stopping: str = "exact") -> list[list[int]]:
     """Beam search with the GNMT length penalty, batched over sentences.
 
-    At each step every live hypothesis is extended by every token; of the 2K best continuations per
-    sentence, those ending in <eos> within the top K are finished (scored log P / lp), and the K best
-    others stay alive. A sentence is done when it has K finished hypotheses and its best alive one,
-    scored at the current length, does not beat the worst of them; at the length limit the alive ones
-    are finished as they are.
+    Scoring rule: score(Y) = log P(Y|X) / lp(|Y|), |Y| counting the closing <eos>; a hypothesis cut
+    at the length limit n (max_new_tokens) has |Y| = n. At each step every live hypothesis is
+    extended by every token; of the 2K best continuations per sentence, those ending in <eos> within
+    the top K are finished, and the K best others stay alive. A sentence is done when it has K
+    finished hypotheses and no alive one can still beat the K-th best of them (best_reachable);
+    at the length limit the alive ones are finished as they are.
+
+    With early_stopping="exact" (the default) the stop never drops a hypothesis that could still
+    win, so the result is the one the beam would reach by running to the length limit; when the
+    beam is wide enough to keep every candidate it equals brute force under the scoring rule.
+    "heuristic" stops once the best alive hypothesis, scored at its current length, cannot enter the
+    K best; faster (for α > 0 the exact bound keeps most sentences running towards the limit), but
+    with α > 0 it can miss a longer, better hypothesis (huggingface/transformers#20901).
 
     Args:
         src: (B, S) int64 right-padded source ids. beam_size: K >= 1. alpha: length-penalty α.
+        max_new_tokens: the length limit n (default: S + 50, within max_seq_len).
+        early_stopping: "exact" or "heuristic" (see above).
     Returns:
         B lists of target ids (the best finished hypothesis), without <bos>/<eos>.
     Raises:
-        ValueError: if beam_size < 1.
-    Source: Vaswani et al. 2017, §6.1 (beam 4, α 0.6); Wu et al. 2016 (length penalty).
+        ValueError: if beam_size < 1 or early_stopping is not "exact" or "heuristic".
+    Source: Vaswani et al. 2017, §6.1 (beam 4, α 0.6); Wu et al. 2016, §7 (length penalty);
+        the stopping bounds of Hugging Face's BeamSearchScorer (early_stopping "never" / False).
     """
     if beam_size < 1:
         raise ValueError(f"beam_size must be >= 1, got {beam_size}")
+    if early_stopping not in EARLY_STOPPING:
+        raise ValueError(f"early_stopping must be 'exact' or 'heuristic', got {early_stopping!r}")
     cfg, k, b = model.cfg, beam_size, src.size(0)
     n_new = _max_new_tokens(model, src, max_new_tokens)
     memory, src_mask = model.encode(src)
@@ -129,12 +161,9 @@ def beam_search(model: Seq2SeqTransformer, src: torch.Tensor, beam_size: int = 4
                 if alive == k:
                     break
             if not done[i] and len(finished[i]) >= k:
-                best_alive = next_scores[i].max().item()
                 worst = sorted(f[0] for f in finished[i])[-k]  # K-th best finished
-                # stop when the best alive hypothesis, scored at the current length, cannot enter
-                # the K best finished ones (the usual heuristic; the bound at the maximum length
-                # would keep nearly every sentence running to the limit)
-                if best_alive / length_penalty(step, alpha) <= worst:
+                best_alive = next_scores[i].max().item()  # −inf when none is left
+                if best_reachable(best_alive, step, n_new, alpha, early_stopping) <= worst:
                     done[i] = True
             if done[i]:
                 next_scores[i] = float("-inf")
