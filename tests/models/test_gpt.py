@@ -260,15 +260,6 @@ def test_absolute_positions_past_max_seq_len_raise(positions):
         model(ids(1, 1), position_ids=torch.tensor([[8]]))
 
 
-@pytest.mark.parametrize("preset", ["gpt2", "llama"])
-def test_generate_past_max_seq_len_raises(preset):
-    model = model_for(preset, max_seq_len=8)
-    for use_cache in (True, False):
-        assert len(generate(model, [[1, 2, 3, 4, 5]], 3, use_cache=use_cache)[0]) == 3
-        with pytest.raises(ValueError, match="max_seq_len=8"):
-            generate(model, [[1, 2, 3, 4, 5]], 4, use_cache=use_cache)
-
-
 def test_init_std_sets_the_initial_weights_scale():
     """Every matrix is drawn from N(0, init_std²), the residual projections from N(0, (init_std/√(2L))²)."""
     torch.manual_seed(0)
