@@ -84,8 +84,9 @@ def best_reachable(log_prob: float, length: int, max_length: int, alpha: float, 
     "exact": an upper bound. Log-probabilities only fall, and lp is monotone in the length
     (increasing for α > 0, decreasing for α < 0), so no continuation, finished at any length in
     length + 1 .. max_length, scores above log_prob / max(lp(length + 1), lp(max_length)); for α > 0
-    that is the maximum length. Hugging Face's early_stopping="never" (huggingface/transformers#20901).
-    "heuristic": log_prob / lp(length), the score if it ended now, as tensor2tensor and Hugging Face's
+    that is the maximum length, as tensor2tensor's beam search (its lower bound divides by the
+    penalty at decode_length) and Hugging Face's early_stopping="never" (huggingface/transformers#20901).
+    "heuristic": log_prob / lp(length), the score if it ended now, as Hugging Face's
     early_stopping=False; a longer hypothesis may still beat it when α > 0.
     """
     if early_stopping == "heuristic":

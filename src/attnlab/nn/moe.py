@@ -17,7 +17,7 @@ def load_balancing_loss(router_probs: torch.Tensor, expert_index: torch.Tensor, 
     """The Switch Transformer auxiliary loss E · Σ_i f_i · P_i over the real tokens.
 
     With M the real tokens (those where token_mask is True; all N without a mask):
-    f_i = (1/|M|) Σ_{t ∈ M} Σ_{j=1..k} [expert_index[t, j] = i], the number of the k choices per token
+    f_i = (1/|M|) Σ_{t ∈ M} Σ_{j=1..k} [expert_index[t, j] = i], the mean number of a token's k choices
     that go to expert i (Σ_i f_i = k), and P_i = (1/|M|) Σ_{t ∈ M} router_probs[t, i], the mean router
     probability of expert i (Σ_i P_i = 1). Under perfectly uniform routing (f_i = k/E, P_i = 1/E) the
     loss equals k = top_k (as Hugging Face's Mixtral); it grows as the router favours a few experts,
