@@ -67,16 +67,17 @@ def test_generate_sampling_is_reproducible_with_a_seed(lm_dir, capsys):
     assert a.startswith("To") and len(a) == 2 + 30 + 1
 
 
-def test_default_length_fills_the_context(lm_dir, capsys):
+def test_default_length_is_200_tokens_whatever_the_context(lm_dir, capsys):
     text = generate_out(capsys, lm_dir, "--prompt", "To", "--temperature", "0")
-    assert text.startswith("To") and len(text) == 32 + 1  # max_seq_len 32 - 2 prompt tokens = 30 new
+    assert text.startswith("To") and len(text) == 2 + 200 + 1  # a max_seq_len 32 model, characters
 
 
-def test_context_longer_than_max_seq_len_exits_2(lm_dir, capsys):
-    assert exit_code(["generate", "--model", str(lm_dir), "--prompt", "To", "--max-new-tokens", "31"]) == 2
-    captured = capsys.readouterr()
-    err = captured.err.strip().splitlines()
-    assert captured.out == "" and len(err) == 1 and "max_seq_len=32" in err[0]  # refused before any output
+def test_generation_past_max_seq_len_slides_the_context(lm_dir, capsys):
+    """Issue 12 item 6: 2 + 60 tokens from a max_seq_len 32 model (refused before), cache or not."""
+    greedy = ["--prompt", "To", "--max-new-tokens", "60", "--temperature", "0"]
+    text = generate_out(capsys, lm_dir, *greedy)
+    assert text.startswith("To") and len(text) == 2 + 60 + 1
+    assert generate_out(capsys, lm_dir, *greedy, "--no-cache") == text
 
 
 @pytest.mark.parametrize("args,needle", [

@@ -132,3 +132,37 @@ def test_empty_prompt_and_bad_length_raise():
             generate(model, prompts, 3)
     with pytest.raises(ValueError, match="max_new_tokens"):
         generate(model, [[1]], 0)
+
+
+# ----------------------------------------------------------------------------- the nucleus is never empty
+ISSUE_PROBS = torch.tensor([0.5, 0.25, 0.125, 0.125])  # issue 12, item 3
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("p", [5e-324, 1e-46, 1e-9, 0.3, 0.45])
+def test_top_p_always_keeps_the_most_probable_token(dtype, p):
+    """Issue 12 item 3: top_p_filter(log([.5, .25, .125, .125]), 1e-46) kept no token (1e-46 is 0 in
+    float32), nor did fp16 logits with top_p 1e-9; the most probable token alone must survive."""
+    logits = ISSUE_PROBS.log().to(dtype)[None]
+    out = top_p_filter(logits, p)
+    assert out.dtype == dtype
+    assert torch.isfinite(out).tolist() == [[True, False, False, False]]
+    assert out[0, 0] == logits[0, 0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_top_p_one_keeps_everything_and_ties_keep_one(dtype):
+    logits = ISSUE_PROBS.log().to(dtype)[None]
+    assert torch.isfinite(top_p_filter(logits, 1.0)).all()
+    tied = top_p_filter(torch.zeros(2, 5, dtype=dtype), 1e-46)  # uniform rows: one token each
+    assert torch.isfinite(tied).sum(-1).tolist() == [1, 1]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_sample_next_with_a_tiny_top_p_is_greedy(dtype):
+    """Issue 12 item 3: sample_next(..., top_p=1e-46) raised "probability tensor contains either inf,
+    nan or element < 0"; it must return the most probable token (id 0 here, id 2 in the second row)."""
+    logits = torch.stack([ISSUE_PROBS.log(), ISSUE_PROBS.log()[[3, 2, 0, 1]]]).to(dtype)  # (2, 4)
+    for top_p in (1e-46, 1e-9):
+        g = torch.Generator().manual_seed(0)
+        assert sample_next(logits, temperature=1.0, top_p=top_p, generator=g).tolist() == [0, 2]

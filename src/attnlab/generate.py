@@ -3,15 +3,17 @@ generation with sampling for decoder-only models (generate).
 
 The encoder–decoder decoders encode each source once and decode incrementally with a KV cache
 (DecodeState). Positions are owned here: the state's length is the position of the next token, and
-generate() passes position_ids and the padding mask to the model.
-Shape legend: B sentences, K beam size, S source length, P prompt length, V vocabulary.
+generate() passes position_ids and the padding mask to the model; past the context length it
+conditions on the most recent max_seq_len tokens (context_window).
+Shape legend: B sentences, K beam size, S source length, P prompt length, V vocabulary,
+C context window (the last C columns a decoder-only model is run on).
 """
 from __future__ import annotations
 
 import torch
 
+from attnlab import sampling
 from attnlab.models.seq2seq import Seq2SeqTransformer
-from attnlab.sampling import check_sampling, sample_next
 
 
 def _max_new_tokens(model: Seq2SeqTransformer, src: torch.Tensor, max_new_tokens: int | None) -> int:
@@ -72,27 +74,60 @@ def length_penalty(length: int, alpha: float) -> float:
     return ((5.0 + length) / 6.0) ** alpha
 
 
+EARLY_STOPPING = ("exact", "heuristic")
+
+
+def best_reachable(log_prob: float, length: int, max_length: int, alpha: float, early_stopping: str) -> float:
+    """The highest score that an alive hypothesis (log P = log_prob <= 0 after `length` tokens) may
+    still reach, as beam_search's stopping test sees it.
+
+    "exact": an upper bound. Log-probabilities only fall, and lp is monotone in the length
+    (increasing for α > 0, decreasing for α < 0), so no continuation, finished at any length in
+    length + 1 .. max_length, scores above log_prob / max(lp(length + 1), lp(max_length)); for α > 0
+    that is the maximum length, as tensor2tensor's beam search (its lower bound divides by the
+    penalty at decode_length) and Hugging Face's early_stopping="never" (huggingface/transformers#20901).
+    "heuristic": log_prob / lp(length), the score if it ended now, as Hugging Face's
+    early_stopping=False; a longer hypothesis may still beat it when α > 0.
+    """
+    if early_stopping == "heuristic":
+        return log_prob / length_penalty(length, alpha)
+    return log_prob / max(length_penalty(length + 1, alpha), length_penalty(max_length, alpha))
+
+
 @torch.no_grad()
 def beam_search(model: Seq2SeqTransformer, src: torch.Tensor, beam_size: int = 4, alpha: float = 0.6,
-                max_new_tokens: int | None = None) -> list[list[int]]:
+                max_new_tokens: int | None = None, early_stopping: str = "exact") -> list[list[int]]:
     """Beam search with the GNMT length penalty, batched over sentences.
 
-    At each step every live hypothesis is extended by every token; of the 2K best continuations per
-    sentence, those ending in <eos> within the top K are finished (scored log P / lp), and the K best
-    others stay alive. A sentence is done when it has K finished hypotheses and its best alive one,
-    scored at the current length, does not beat the worst of them; at the length limit the alive ones
-    are finished as they are.
+    Scoring rule: score(Y) = log P(Y|X) / lp(|Y|), |Y| counting the closing <eos>; a hypothesis cut
+    at the length limit n (max_new_tokens) has |Y| = n. At each step every live hypothesis is
+    extended by every token; of the 2K best continuations per sentence, those ending in <eos> within
+    the top K are finished, and the K best others stay alive. A sentence is done when it has K
+    finished hypotheses and no alive one can still beat the K-th best of them (best_reachable);
+    at the length limit the alive ones are finished as they are.
+
+    With early_stopping="exact" (the default) the stop never drops a hypothesis that could still
+    win, so the result is the one the beam would reach by running to the length limit; when the
+    beam is wide enough to keep every candidate it equals brute force under the scoring rule.
+    "heuristic" stops once the best alive hypothesis, scored at its current length, cannot enter the
+    K best; faster (for α > 0 the exact bound keeps most sentences running towards the limit), but
+    with α > 0 it can miss a longer, better hypothesis (huggingface/transformers#20901).
 
     Args:
         src: (B, S) int64 right-padded source ids. beam_size: K >= 1. alpha: length-penalty α.
+        max_new_tokens: the length limit n (default: S + 50, within max_seq_len).
+        early_stopping: "exact" or "heuristic" (see above).
     Returns:
         B lists of target ids (the best finished hypothesis), without <bos>/<eos>.
     Raises:
-        ValueError: if beam_size < 1.
-    Source: Vaswani et al. 2017, §6.1 (beam 4, α 0.6); Wu et al. 2016 (length penalty).
+        ValueError: if beam_size < 1 or early_stopping is not "exact" or "heuristic".
+    Source: Vaswani et al. 2017, §6.1 (beam 4, α 0.6); Wu et al. 2016, §7 (length penalty);
+        the stopping bounds of Hugging Face's BeamSearchScorer (early_stopping "never" / False).
     """
     if beam_size < 1:
         raise ValueError(f"beam_size must be >= 1, got {beam_size}")
+    if early_stopping not in EARLY_STOPPING:
+        raise ValueError(f"early_stopping must be 'exact' or 'heuristic', got {early_stopping!r}")
     cfg, k, b = model.cfg, beam_size, src.size(0)
     n_new = _max_new_tokens(model, src, max_new_tokens)
     memory, src_mask = model.encode(src)
@@ -130,12 +165,9 @@ def beam_search(model: Seq2SeqTransformer, src: torch.Tensor, beam_size: int = 4
                 if alive == k:
                     break
             if not done[i] and len(finished[i]) >= k:
-                best_alive = next_scores[i].max().item()
                 worst = sorted(f[0] for f in finished[i])[-k]  # K-th best finished
-                # stop when the best alive hypothesis, scored at the current length, cannot enter
-                # the K best finished ones (the usual heuristic; the bound at the maximum length
-                # would keep nearly every sentence running to the limit)
-                if best_alive / length_penalty(step, alpha) <= worst:
+                best_alive = next_scores[i].max().item()  # −inf when none is left
+                if best_reachable(best_alive, step, n_new, alpha, early_stopping) <= worst:
                     done[i] = True
             if done[i]:
                 next_scores[i] = float("-inf")
@@ -167,68 +199,112 @@ def _left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tens
     return ids, mask
 
 
-def check_context(model, prompt_len: int, max_new_tokens: int) -> None:
-    """Raise ValueError when prompt + new tokens exceed max_seq_len, unless the model has a sliding
-    window and rotary positions (then the KV cache rolls and the context is unbounded)."""
+def context_window(model) -> int | None:
+    """How many of the most recent positions generate() conditions each token on.
+
+    None (every position) for a model with a sliding window and rotary positions: its rolling KV
+    cache holds only the window and RoPE needs no table, so the context is unbounded. Otherwise
+    cfg.max_seq_len: the rows of the learned or sinusoidal position table, or RoPE's trained length.
+    """
     cfg = model.cfg
     if cfg.sliding_window is not None and cfg.positions == "rope":
-        return
-    if prompt_len + max_new_tokens > cfg.max_seq_len:
-        raise ValueError(f"the prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) exceed the model's "
-                         f"max_seq_len={cfg.max_seq_len}; shorten the prompt or lower max_new_tokens")
+        return None
+    return cfg.max_seq_len
+
+
+def check_context(model, prompt_len: int, max_new_tokens: int) -> None:
+    """Raise ValueError for an empty prompt (prompt_len < 1) or max_new_tokens < 1. No length is too
+    long: past the model's context, generate() slides its window (context_window)."""
+    if prompt_len < 1:
+        raise ValueError("every prompt needs at least one token (an empty prompt has nothing to continue)")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+
+
+def _window_logits(model, ids: torch.Tensor, mask: torch.Tensor, window: int | None) -> torch.Tensor:
+    """Next-token logits (B, V) from one uncached forward over the last `window` columns of the
+    left-padded ids (B, L) and mask (B, L) (all of them for None), positions counting each row's
+    real tokens in the window from 0 (nanoGPT's crop to the last block_size tokens)."""
+    if window is not None:
+        ids, mask = ids[:, -window:], mask[:, -window:]  # (B, C) each
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, C): real tokens count from 0
+    padded = not bool(mask.all())
+    return model(ids, mask if padded else None, positions, logits_to_keep=1).logits[:, -1]
+
+
+def _prefill(model, ids: torch.Tensor, mask: torch.Tensor, window: int | None) -> torch.Tensor:
+    """Run the last `window` columns of the prompt into the KV cache (in chunks for a rolling
+    cache) and return the next-token logits (B, V)."""
+    if window is not None:
+        ids, mask = ids[:, -window:], mask[:, -window:]  # (B, C) each
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, C)
+    padded = not bool(mask.all())
+    chunk = model.max_chunk or ids.size(1)
+    for s in range(0, ids.size(1), chunk):
+        logits = model(ids[:, s:s + chunk], mask[:, :s + chunk] if padded else None,
+                       positions[:, s:s + chunk], logits_to_keep=1).logits[:, -1]
+    return logits
 
 
 @torch.no_grad()
 def generate(model, prompts: list[list[int]], max_new_tokens: int = 128, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None, stop_tokens: list[int] | None = None,
              seed: int | None = None, use_cache: bool = True, on_token=None) -> list[list[int]]:
-    """Autoregressive generation for a decoder-only model (models.gpt.GPT), batched.
+    """Autoregressive generation for a decoder-only model (models.gpt.GPT), batched, of any length.
 
     Prompts of different lengths are left-padded; positions count real tokens only, and padding is
     masked out of attention. With use_cache the prompt is run once (prefill, in chunks for a rolling
     sliding-window cache) and each new token reuses the keys/values of all earlier ones; without it,
-    the whole sequence is recomputed at every step (the O(n²)-per-token reference the cache must equal).
+    the whole window is recomputed at every step (the reference the cache must equal, token for
+    token).
+
+    Long generation: each token is conditioned on the most recent C = context_window(model)
+    tokens, at positions 0..C−1 (a longer prompt is cut to its last C tokens). While the sequence
+    fits in C the KV cache is used; once it is longer, every step re-encodes the last C tokens in
+    one uncached forward (absolute positions shift as the window slides, so no cached key stays
+    valid): the same tokens as use_cache=False, at the cost of C positions per new token. Models with
+    a sliding window and RoPE (C = None) instead keep rolling their cache over an unbounded context.
 
     Args:
         model: a GPT in eval mode. prompts: B non-empty lists of token ids.
-        max_new_tokens: tokens to generate per prompt (fewer when a stop token comes).
+        max_new_tokens: tokens to generate per prompt (fewer when a stop token comes); any number.
         temperature, top_k, top_p: the sampling chain (sampling.sample_next); temperature 0 = greedy.
         stop_tokens: ids that end a sequence (default: the model's eos_id, if any); not returned.
         seed: seeds the sampling generator (same seed, same text); None = torch's global RNG.
-        use_cache: decode with the KV cache (True) or recompute everything (False).
+        use_cache: decode with the KV cache (True) or recompute the window at every step (False).
         on_token: called as on_token(row, token_id) for each generated token, as it is chosen.
     Returns:
         B lists of new token ids.
     Raises:
-        ValueError: for an empty prompt list or prompt, an invalid sampling argument, or a context
-            longer than max_seq_len (see check_context).
+        ValueError: for an empty prompt list or prompt, max_new_tokens < 1, or an invalid sampling
+            argument.
+    Source: Karpathy's nanoGPT, model.py GPT.generate ("if the sequence context is growing too long
+        we must crop it at block_size"), used by its sample.py.
     """
-    if not prompts or any(len(p) == 0 for p in prompts):
+    if not prompts:
         raise ValueError("every prompt needs at least one token (an empty prompt has nothing to continue)")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    check_sampling(temperature, top_k, top_p)
-    check_context(model, max(len(p) for p in prompts), max_new_tokens)
+    check_context(model, min(len(p) for p in prompts), max_new_tokens)
+    sampling.check_sampling(temperature, top_k, top_p)
     stop = set(stop_tokens if stop_tokens is not None else [t for t in [model.cfg.eos_id] if t is not None])
     generator = torch.Generator().manual_seed(seed) if seed is not None else None
     device = model.embed_tokens.weight.device
-    ids, mask = _left_pad(prompts, 0, device)
-    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, P): real tokens count from 0
+    window = context_window(model)
+    ids, mask = _left_pad(prompts, 0, device)  # (B, L) each, growing by one column per step
     padded = not bool(mask.all())
     b = len(prompts)
     out: list[list[int]] = [[] for _ in range(b)]
     done = torch.zeros(b, dtype=torch.bool, device=device)
+    cached = use_cache
     try:
-        if use_cache:
-            model.setup_kv_cache(b, ids.size(1) + max_new_tokens)
-            chunk = model.max_chunk or ids.size(1)
-            for s in range(0, ids.size(1), chunk):
-                logits = model(ids[:, s:s + chunk], mask[:, :s + chunk] if padded else None,
-                               positions[:, s:s + chunk], logits_to_keep=1).logits[:, -1]
+        logits = None
+        if cached:
+            total = ids.size(1) + max_new_tokens
+            model.setup_kv_cache(b, total if window is None else min(total, window))
+            logits = _prefill(model, ids, mask, window)
         for step in range(max_new_tokens):
-            if not use_cache:
-                logits = model(ids, mask if padded else None, positions, logits_to_keep=1).logits[:, -1]
-            nxt = sample_next(logits, temperature, top_k, top_p, generator)  # (B,)
+            if logits is None:
+                logits = _window_logits(model, ids, mask, window)
+            nxt = sampling.sample_next(logits, temperature, top_k, top_p, generator)  # (B,)
             for row in (~done).nonzero().flatten().tolist():
                 token = int(nxt[row])
                 if token in stop:
@@ -239,12 +315,15 @@ def generate(model, prompts: list[list[int]], max_new_tokens: int = 128, tempera
                     on_token(row, token)
             if bool(done.all()) or step == max_new_tokens - 1:
                 break
-            new_pos = positions[:, -1:] + 1  # (B, 1)
+            new_pos = mask.long().sum(-1, keepdim=True)  # (B, 1): the real tokens before the new one
             ids = torch.cat([ids, nxt[:, None]], dim=1)
             mask = torch.cat([mask, torch.ones(b, 1, dtype=torch.bool, device=device)], dim=1)
-            positions = torch.cat([positions, new_pos], dim=1)
-            if use_cache:
+            logits = None
+            if cached and (window is None or ids.size(1) <= window):
                 logits = model(nxt[:, None], mask if padded else None, new_pos, logits_to_keep=1).logits[:, -1]
+            elif cached:  # the window starts to slide: from here on, one forward over it per token
+                model.clear_kv_cache()
+                cached = False
     finally:
         if use_cache:
             model.clear_kv_cache()

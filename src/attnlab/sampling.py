@@ -30,14 +30,23 @@ def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
 
 def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     """Nucleus filtering: keep the smallest set of most probable tokens whose probability sums to
-    at least p (always at least the most probable one), −inf elsewhere.
+    at least p, −inf elsewhere. The most probable token is always kept, for every dtype and every
+    p in (0, 1] (ties: the one that sorts first), so the result can always be sampled from.
 
-    Args: logits (B, V). Returns: (B, V). Source: Holtzman et al. 2020, "The Curious Case of Neural
-    Text Degeneration", §3.1, equation (2).
+    The probabilities and their running sum are computed in float32 (float64 stays float64): in
+    fp16/bf16, or against a p below the dtype's smallest number (1e-46 is 0 in float32), the test
+    "mass before this token >= p" would otherwise drop every token.
+
+    Args: logits (B, V) of any floating dtype; p in (0, 1] (check_sampling validates it).
+    Returns: (B, V), the logits' dtype, the dropped entries −inf.
+    Source: Holtzman et al. 2020, "The Curious Case of Neural Text Degeneration", §3.1, equation (2);
+        Hugging Face's TopPLogitsWarper likewise always keeps at least one token (min_tokens_to_keep=1).
     """
     sorted_logits, order = logits.sort(dim=-1, descending=True)  # (B, V)
-    cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-    drop_sorted = cumulative - sorted_logits.softmax(dim=-1) >= p  # mass before this token already >= p
+    probs = sorted_logits.to(torch.promote_types(logits.dtype, torch.float32)).softmax(dim=-1)  # (B, V)
+    before = probs.cumsum(dim=-1).roll(1, dims=-1)  # (B, V) mass of the more probable tokens
+    drop_sorted = before >= p
+    drop_sorted[..., 0] = False  # the most probable token, always kept (the roll put the total mass there)
     drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
     return logits.masked_fill(drop, float("-inf"))
 

@@ -155,3 +155,65 @@ def test_load_balancing_loss_gradient_flows_through_probs_only():
 def test_bad_top_k_raises(k):
     with pytest.raises(ValueError, match="moe_top_k"):
         MixtureOfExperts(D, FF, n_experts=4, top_k=k)
+
+
+# ----------------------------------------------------------------------------- padding (issue 12 item 2)
+REAL_PROBS = torch.tensor([[0.7, 0.1, 0.1, 0.1], [0.1, 0.6, 0.2, 0.1], [0.5, 0.2, 0.2, 0.1]])  # 3 real tokens
+PAD_PROBS = torch.tensor([[0.05, 0.05, 0.05, 0.85]]).expand(2, 4)  # 2 padding positions, all on expert 3
+
+
+@pytest.mark.parametrize("real_index,pad_index,expected", [
+    # top-1: f = (2/3, 1/3, 0, 0), P = (1.3, 0.9, 0.5, 0.3) / 3: 4 · (2.6 + 0.9) / 9 = 14/9
+    ([[0], [1], [0]], [[3], [3]], 14 / 9),
+    # top-2: f = (2/3, 1, 1/3, 0): 4 · (2.6 + 2.7 + 0.5) / 9 = 23.2/9
+    ([[0, 1], [1, 2], [0, 1]], [[3, 0], [3, 0]], 23.2 / 9),
+])
+def test_load_balancing_loss_leaves_padding_out(real_index, pad_index, expected):
+    """Issue 12 item 2: padding counted in f_i and P_i; with a token mask only the real tokens do,
+    wherever the padding sits (left, right, between rows)."""
+    real_index, pad_index = torch.tensor(real_index), torch.tensor(pad_index)
+    alone = load_balancing_loss(REAL_PROBS, real_index, 4)
+    assert alone.item() == pytest.approx(expected, abs=1e-6)
+    for order in ([3, 4, 0, 1, 2], [0, 1, 2, 3, 4], [0, 3, 1, 4, 2]):  # left pads, right pads, mixed
+        probs = torch.cat([REAL_PROBS, PAD_PROBS])[order]
+        index = torch.cat([real_index, pad_index])[order]
+        mask = torch.tensor([True, True, True, False, False])[order]
+        assert load_balancing_loss(probs, index, 4, mask).item() == pytest.approx(expected, abs=1e-6)
+        assert load_balancing_loss(probs, index, 4).item() != pytest.approx(expected, abs=1e-2)  # unmasked: off
+
+
+def test_load_balancing_loss_of_only_padding_is_zero_and_bad_mask_raises():
+    probs, index = PAD_PROBS, torch.tensor([[3], [3]])
+    assert load_balancing_loss(probs, index, 4, torch.zeros(2, dtype=torch.bool)).item() == 0.0
+    with pytest.raises(ValueError, match="token_mask"):
+        load_balancing_loss(probs, index, 4, torch.ones(3, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_moe_forward_token_mask_gives_the_loss_of_the_real_tokens(k):
+    torch.manual_seed(0)
+    moe = MixtureOfExperts(D, FF, n_experts=4, top_k=k)
+    with torch.no_grad():
+        moe.router.weight.normal_(0, 1.0)  # a skewed router: padding would move the loss
+    real = torch.randn(1, 3, D)
+    pads = torch.randn(1, 2, D)
+    y_alone, alone = moe(real)
+    for x, mask in ((torch.cat([pads, real], 1), [0, 0, 1, 1, 1]), (torch.cat([real, pads], 1), [1, 1, 1, 0, 0])):
+        mask = torch.tensor([mask], dtype=torch.bool)
+        y, aux = moe(x, mask)
+        torch.testing.assert_close(aux, alone, atol=1e-6, rtol=0)
+        torch.testing.assert_close(y[mask], y_alone[0], atol=1e-6, rtol=1e-5)  # outputs are per token
+    with pytest.raises(ValueError, match="token_mask"):
+        moe(real, torch.ones(1, 4, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_load_balancing_loss_with_padding_equals_hugging_face_mixtral(k):
+    mixtral = pytest.importorskip("transformers.models.mixtral.modeling_mixtral")
+    torch.manual_seed(0)
+    logits = torch.randn(2 * 5, 4) * 2  # (B·T, E) router logits of one layer
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 0]])  # (B, T) 1 = real token
+    expected = mixtral.load_balancing_loss_func((logits,), 4, k, mask)
+    probs = logits.softmax(-1)
+    ours = load_balancing_loss(probs, probs.topk(k, dim=-1).indices, 4, mask.reshape(-1).bool())
+    torch.testing.assert_close(ours, expected, atol=1e-6, rtol=0)

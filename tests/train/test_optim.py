@@ -1,6 +1,9 @@
 import math
 
-from attnlab.train.optim import noam_lr
+import pytest
+import torch
+
+from attnlab.train.optim import cosine_lr, noam_lr
 
 
 def test_noam_known_values_and_peak_at_warmup():
@@ -11,3 +14,62 @@ def test_noam_known_values_and_peak_at_warmup():
     assert noam_lr(w - 1, d, w) < peak and noam_lr(w + 1, d, w) < peak
     assert math.isclose(noam_lr(4 * w, d, w), peak / 2)  # inverse square-root decay
     assert math.isclose(noam_lr(w, d, w, factor=2.0), 2 * peak)
+
+
+# ----------------------------------------------------------------------------- cosine
+LR, LOW, WARM, DECAY = 1e-3, 1e-4, 10, 109  # the cosine spans D − W + 1 = 100 steps from the peak
+
+
+def f(step, low=LOW, warm=WARM, decay=DECAY):
+    return cosine_lr(step, LR, low, warm, decay)
+
+
+def test_cosine_lr_known_values():
+    assert f(1) == pytest.approx(1e-4) and f(5) == pytest.approx(5e-4)
+    assert f(WARM) == LR and max(f(s) for s in range(1, 300)) == LR  # the peak: exactly step warmup_steps
+    assert f(WARM + 1) == pytest.approx(LOW + 0.5 * (1 + math.cos(math.pi / 100)) * (LR - LOW))
+    assert f(35) == pytest.approx(LOW + 0.5 * (1 + math.cos(math.pi / 4)) * (LR - LOW))
+    assert f(60) == pytest.approx((LR + LOW) / 2)
+    assert f(DECAY) == pytest.approx(LOW + 0.5 * (1 + math.cos(math.pi * 99 / 100)) * (LR - LOW))
+    assert f(DECAY) > LOW and f(DECAY + 1) == LOW and f(10 * DECAY) == LOW
+    values = [f(s) for s in range(WARM, DECAY + 2)]
+    assert all(a > b for a, b in zip(values, values[1:]))
+
+
+@pytest.mark.parametrize("steps,warm", [(1500, 150), (12, 2), (3, 1), (2, 1), (1, 0), (5, 0)])
+def test_every_step_of_the_budget_has_a_positive_learning_rate(steps, warm):
+    """Issue 12 item 4: with min_lr 0 and decay = max_steps (sst2: 1500 steps, 150 warm-up), the last
+    step ran at learning rate 0; now all of them run above 0 and min_lr comes one step after."""
+    lrs = [f(s, low=0.0, warm=warm, decay=steps) for s in range(1, steps + 1)]
+    assert min(lrs) > 0
+    assert f(steps + 1, low=0.0, warm=warm, decay=steps) == 0.0
+    assert max(lrs) == LR and lrs[max(warm, 1) - 1] == LR  # the peak at warmup_steps (step 1 without)
+
+
+def test_sst2_last_step_known_value():
+    last = cosine_lr(1500, 2e-4, 0.0, 150, 1500)
+    assert last == pytest.approx(2e-4 * 0.5 * (1 + math.cos(math.pi * 1350 / 1351)))
+    assert 2.7e-10 < last < 2.71e-10
+
+
+def test_cosine_lr_equals_hugging_face_shifted_by_one_step():
+    """Hugging Face's cosine schedule with min_lr, num_warmup_steps W and num_training_steps D + 1,
+    read at its steps 1..D + 1 (its step 0 runs at learning rate 0)."""
+    optimization = pytest.importorskip("transformers.optimization")
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=LR)
+    schedule = optimization.get_cosine_with_min_lr_schedule_with_warmup(opt, WARM, DECAY + 1, min_lr=LOW)
+    hf = []
+    for _ in range(DECAY + 2):
+        hf.append(opt.param_groups[0]["lr"])
+        opt.step()
+        schedule.step()
+    assert hf[0] == 0.0
+    ours = [f(s) for s in range(1, DECAY + 2)]
+    assert max(abs(a - b) for a, b in zip(hf[1:], ours)) < 1e-15
+
+
+@pytest.mark.parametrize("args,name", [((0, 1e-3, 0.0, 10, 100), "step"), ((1, 1e-3, 0.0, -1, 100), "warmup_steps"),
+                                       ((1, 1e-3, 0.0, 0, 0), "decay_steps")])
+def test_cosine_lr_bad_input_raises_naming_the_field(args, name):
+    with pytest.raises(ValueError, match=f"^{name} must be"):
+        cosine_lr(*args)

@@ -54,10 +54,7 @@ def cmd_generate(args) -> None:
     for p, i in zip(prompts, ids):
         if not i:
             raise ValueError(f"--prompt {p!r} has no character the model's tokenizer knows")
-    max_new = args.max_new_tokens
-    if max_new is None:  # as many as the context allows, up to 200
-        unbounded = model.cfg.sliding_window is not None and model.cfg.positions == "rope"
-        max_new = 200 if unbounded else max(1, min(200, model.cfg.max_seq_len - max(map(len, ids))))
+    max_new = 200 if args.max_new_tokens is None else args.max_new_tokens
     check_context(model, max(map(len, ids)), max_new)  # before any output
     kwargs = dict(max_new_tokens=max_new, temperature=args.temperature, top_k=args.top_k,
                   top_p=args.top_p, seed=args.seed, use_cache=not args.no_cache)
@@ -119,7 +116,7 @@ def cmd_convert(args) -> None:
 
 def _sampling_args(p, temperature: float, default_new: int | None = None) -> None:
     p.add_argument("--max-new-tokens", type=positive_int, default=default_new,
-                   help="tokens to generate (default: up to 200 within the context)" if default_new is None
+                   help="tokens to generate (default 200)" if default_new is None
                    else f"tokens per reply (default {default_new})")
     p.add_argument("--temperature", type=nonnegative_float, default=temperature,
                    help=f"0 = greedy (default {temperature})")

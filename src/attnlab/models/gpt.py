@@ -286,9 +286,10 @@ _decoder_block(cfg) for _ in range(cfg.n_layers))
         x, rope = self._positions(self.embed_tokens(input_ids), position_ids)
         x = self.dropout(x)
         aux, attentions = x.new_zeros(()), [] if need_weights else None
+        token_mask = None if attention_mask is None else attention_mask[:, -t:].bool()  # (B, T) real new tokens
         for i, layer in enumerate(self.layers):
             out = layer(x, mask=mask, cache=self.caches[i] if self.caches else None, rope=rope,
-                        need_weights=need_weights, is_causal=is_causal)
+                        need_weights=need_weights, is_causal=is_causal, token_mask=token_mask)
             x, aux = out.hidden, aux + out.aux_loss
             if need_weights:
                 attentions.append(out.attn_weights)

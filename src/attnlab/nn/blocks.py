@@ -99,7 +99,8 @@ class TransformerLayer(nn.Module):
     def forward(self, x: torch.Tensor, *, mask: torch.Tensor | None = None, cache: KVCache | None = None,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None, need_weights: bool = False,
                 is_causal: bool = False, memory: torch.Tensor | None = None, memory_mask: torch.Tensor | None = None,
-                memory_kv: tuple[torch.Tensor, torch.Tensor] | None = None) -> LayerOutput:
+                memory_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+                token_mask: torch.Tensor | None = None) -> LayerOutput:
         """Args:
             x: (B, T, D) the layer's input.
             mask: bool self-attention mask, broadcastable to (B, H, T, S), True = may attend (causal,
@@ -111,6 +112,8 @@ class TransformerLayer(nn.Module):
             memory: (B, S, D) encoder output for cross-attention (None when memory_kv is given).
             memory_mask: (B, 1, 1, S) bool source-padding mask for cross-attention.
             memory_kv: precomputed cross-attention (k, v), each (B, H, S, Dh).
+            token_mask: (B, T) bool, True = a real token: the MoE load-balancing loss counts only
+                these (padding left out); None = every token is real.
         Returns:
             LayerOutput(hidden (B, T, D), aux_loss (), attn_weights or None).
         """
@@ -122,7 +125,7 @@ class TransformerLayer(nn.Module):
             x = self._post(x, out, self.cross_attn_norm)
         h = self._pre(x, self.ffn_norm)
         if isinstance(self.ffn, MixtureOfExperts):
-            out, aux = self.ffn(h)
+            out, aux = self.ffn(h, token_mask)
         else:
             out, aux = self.ffn(h), x.new_zeros(())
         return LayerOutput(self._post(x, out, self.ffn_norm), aux, weights)

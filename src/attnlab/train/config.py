@@ -17,8 +17,9 @@ class TrainConfig(Config):
                                       # sqrt decay; cosine: warm-up, then cosine decay from lr to min_lr
     lr_factor: float = 1.0            # noam: lr = factor · d_model^-0.5 · min(step^-0.5, step·warmup^-1.5)
     lr: float = 5e-4                  # peak learning rate of the cosine and constant schedules
-    min_lr: float = 0.0               # cosine: the learning rate at lr_decay_steps and after
-    lr_decay_steps: Optional[int] = None  # cosine: the step where the decay ends (None = max_steps)
+    min_lr: float = 0.0               # cosine: the learning rate after lr_decay_steps
+    lr_decay_steps: Optional[int] = None  # cosine: the last step of the decay (min_lr comes one step after;
+                                      # None = max_steps)
     warmup_steps: int = 4000          # linear warm-up steps (paper: 4000)
     grad_accum_steps: int = 1         # micro-batches whose gradients add up to one optimizer step
     beta1: float = 0.9                # Adam β1 (paper §5.3)

@@ -19,16 +19,43 @@ def noam_lr(step: int, d_model: int, warmup_steps: int, factor: float = 1.0) -> 
 
 
 def cosine_lr(step: int, lr: float, min_lr: float, warmup_steps: int, decay_steps: int) -> float:
-    """Linear warm-up to `lr` over warmup_steps, then cosine decay to `min_lr` at decay_steps, then min_lr.
+    """Linear warm-up to `lr`, then a half cosine from `lr` down to `min_lr`, reached one step after
+    decay_steps; min_lr from then on. Steps count from 1; with W = warmup_steps, D = decay_steps and
+    W1 = max(W, 1) (the step at the peak):
 
-    Steps count from 1. Source: Loshchilov & Hutter 2017, "SGDR", equation (5) (one cycle, no
-    restart), with the linear warm-up of Goyal et al. 2017; the schedule of GPT-3 and nanoGPT.
+        lr(n) = lr · n / W                                             for n <= W
+        lr(n) = min_lr + ½ · (1 + cos(π · (n − W1) / (D − W1 + 1))) · (lr − min_lr)   for W < n <= D
+        lr(n) = min_lr                                                 for n > D
+
+    So the warm-up peaks exactly at step W (at step 1 without warm-up), and each of the D steps of a
+    D-step budget runs above min_lr (above 0 when min_lr is 0 and lr > 0): the curve ends at min_lr
+    after the last step, as in Hugging Face's get_cosine_schedule_with_warmup and nanoGPT's get_lr
+    (both evaluate the cosine at 0-based steps and reach min_lr at index D, one past the last step).
+    This is exactly Hugging Face's schedule with num_warmup_steps=W, num_training_steps=D + 1 read at
+    n (for W >= 1), leaving out its step 0, whose learning rate is 0.
+
+    Args:
+        step: the 1-based optimiser step n. lr: the peak learning rate. min_lr: the floor.
+        warmup_steps: W >= 0. decay_steps: D >= 1.
+    Returns:
+        The learning rate of step n.
+    Raises:
+        ValueError: when step < 1, warmup_steps < 0 or decay_steps < 1.
+    Source: Loshchilov & Hutter 2017, "SGDR", equation (5) (one cycle, no restart), with the linear
+        warm-up of Goyal et al. 2017; the schedule of GPT-3 and nanoGPT.
     """
+    if step < 1:
+        raise ValueError(f"step must be >= 1 (optimiser steps count from 1), got {step}")
+    if warmup_steps < 0:
+        raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+    if decay_steps < 1:
+        raise ValueError(f"decay_steps must be >= 1, got {decay_steps}")
     if step <= warmup_steps:
         return lr * step / warmup_steps
-    if step >= decay_steps:
+    if step > decay_steps:
         return min_lr
-    progress = (step - warmup_steps) / (decay_steps - warmup_steps)
+    peak = max(warmup_steps, 1)
+    progress = (step - peak) / (decay_steps - peak + 1)  # in [0, 1): 1 only at step decay_steps + 1
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (lr - min_lr)
 
 
