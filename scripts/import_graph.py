@@ -112,7 +112,8 @@ def package_of(module: str) -> str:
 def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
     for mod, targets in graph.items():
-        out.setdefault(package_of(mod), set()).update(package_of(t) for t in targets if package_of(t) != package_of(mod))
+        here = package_of(mod)
+        out.setdefault(here, set()).update(package_of(t) for t in targets if package_of(t) != here)
     return out
 
 

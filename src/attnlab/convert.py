@@ -17,7 +17,8 @@ def convert(source: str, out_dir: str | Path) -> dict:
         {"from", "to", "architecture", "parameters"}.
     Raises:
         FileExistsError: when out_dir exists and is not empty. ValueError / FileNotFoundError: for a
-            source that cannot be loaded, a model type with no Hugging Face export, or a model option with no Hugging Face equivalent.
+            source that cannot be loaded, a model type with no Hugging Face export, or a model option
+            with no Hugging Face equivalent.
     """
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):

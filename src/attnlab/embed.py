@@ -27,7 +27,8 @@ def embed(loaded, texts: list[str], batch_size: int = 32) -> torch.Tensor:
         ValueError: for an empty list or a model that is not an encoder.
     """
     if loaded.model_type != "bert":
-        raise ValueError(f"{loaded.source} is a {loaded.model_type} model; embed needs an encoder (e.g. all-minilm-l6-v2)")
+        raise ValueError(f"{loaded.source} is a {loaded.model_type} model; embed needs an encoder "
+                         f"(e.g. all-minilm-l6-v2)")
     if not texts:
         raise ValueError("no text to embed")
     out = []

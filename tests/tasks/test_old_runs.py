@@ -44,8 +44,8 @@ def test_old_bert_and_vit_runs_give_the_same_outputs():
     ids = torch.tensor([bert.tokenizer.encode(EXPECTED["bert"]["text"]).ids])
     vit = load_run(OLD / "vit")
     with torch.no_grad():
-        torch.testing.assert_close(bert.model.classify(bert.model(ids))[0], torch.tensor(EXPECTED["bert"]["class_logits"]),
-                                   rtol=0, atol=1e-6)
+        torch.testing.assert_close(bert.model.classify(bert.model(ids))[0],
+                                   torch.tensor(EXPECTED["bert"]["class_logits"]), rtol=0, atol=1e-6)
         image = torch.linspace(-1, 1, 64).view(1, 1, 8, 8)
         torch.testing.assert_close(vit.model(image)[0], torch.tensor(EXPECTED["vit"]["logits"]), rtol=0, atol=1e-6)
     assert bert.config["data"]["init"] is None and "init" not in bert.config["train"]

@@ -60,7 +60,8 @@ def decode_utf8(data: bytes, where: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise ValueError(f"{where}: not valid UTF-8 at byte offset {err.start} (byte 0x{data[err.start]:02x})") from None
+        raise ValueError(f"{where}: not valid UTF-8 at byte offset {err.start} "
+                         f"(byte 0x{data[err.start]:02x})") from None
 
 
 def check_text(text: str, where: str) -> str:

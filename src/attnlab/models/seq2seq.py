@@ -77,7 +77,8 @@ def _layer(cfg: Seq2SeqConfig, cross: bool) -> TransformerLayer:
 
     return TransformerLayer(self_attn=attention(), cross_attn=attention() if cross else None,
                             ffn=FeedForward(cfg.d_model, cfg.d_ff, cfg.activation),
-                            attn_norm=nn.LayerNorm(cfg.d_model), cross_attn_norm=nn.LayerNorm(cfg.d_model) if cross else None,
+                            attn_norm=nn.LayerNorm(cfg.d_model),
+                            cross_attn_norm=nn.LayerNorm(cfg.d_model) if cross else None,
                             ffn_norm=nn.LayerNorm(cfg.d_model), norm_position=cfg.norm_position, dropout=cfg.dropout)
 
 

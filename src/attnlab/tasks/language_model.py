@@ -180,6 +180,7 @@ class LanguageModelTask(Task):
         data_cfg = TextDataConfig.from_dict({**run.config["data"], "eval_tokens": limit})
         train_text, val_text = split_text(read_text(data_cfg.dataset), data_cfg.train_fraction)
         stream = encode_text(run.tokenizer, train_text if split == "train" else val_text)
-        record = LanguageModelObjective(stream, stream, data_cfg, token_bytes=token_bytes(run.tokenizer)).evaluate(run.model)
+        objective = LanguageModelObjective(stream, stream, data_cfg, token_bytes=token_bytes(run.tokenizer))
+        record = objective.evaluate(run.model)
         n = record.pop("val_tokens")
         return {"split": "train" if split == "train" else "val", "n": n, **record}

@@ -84,7 +84,8 @@ class MaskedLMObjective:
     def __init__(self, train, val, cfg: BertConfig, batch_size: int, probability: float, seed: int,
                  label_smoothing: float = 0.0):
         self.train, self.val, self.cfg = train, val, cfg
-        self.batch_size, self.probability, self.seed, self.label_smoothing = batch_size, probability, seed, label_smoothing
+        self.batch_size, self.probability, self.seed = batch_size, probability, seed
+        self.label_smoothing = label_smoothing
         special = torch.tensor([cfg.pad_id, cfg.cls_id, cfg.sep_id, cfg.mask_id])
         ordinary = torch.ones(cfg.vocab_size, dtype=torch.bool)
         ordinary[special] = False
@@ -188,8 +189,9 @@ class BertTask(Task):
             log.info("training a %d-token WordPiece tokenizer", spec.data_cfg.tokenizer_vocab_size)
             tok = train_wordpiece(pretraining_sentences(), spec.data_cfg.tokenizer_vocab_size)
             ids = {t: tok.token_to_id(t) for t in ("[PAD]", "[CLS]", "[SEP]", "[MASK]")}
-            cfg = BertConfig.from_dict({**recipe_cfg.to_dict(), "vocab_size": tok.get_vocab_size(), "pad_id": ids["[PAD]"],
-                                        "cls_id": ids["[CLS]"], "sep_id": ids["[SEP]"], "mask_id": ids["[MASK]"]})
+            cfg = BertConfig.from_dict({**recipe_cfg.to_dict(), "vocab_size": tok.get_vocab_size(),
+                                        "pad_id": ids["[PAD]"], "cls_id": ids["[CLS]"], "sep_id": ids["[SEP]"],
+                                        "mask_id": ids["[MASK]"]})
             return cfg, tok, None, None
         path = Path(init)
         if init not in NAMED and not path.exists():

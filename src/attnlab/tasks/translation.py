@@ -180,7 +180,8 @@ class TranslationTask(Task):
             log.info("trained a %d-token BPE in %.1f s", tokenizer.vocab_size, time.perf_counter() - t0)
             ids = tokenizer.special_tokens
             model_cfg = Seq2SeqConfig.from_dict({**model_cfg.to_dict(), "vocab_size": tokenizer.vocab_size,
-                                                 "pad_id": ids["<pad>"], "bos_id": ids["<bos>"], "eos_id": ids["<eos>"]})
+                                                 "pad_id": ids["<pad>"], "bos_id": ids["<bos>"],
+                                                 "eos_id": ids["<eos>"]})
         max_len = min(data_cfg.max_len, model_cfg.max_seq_len)
         train = ParallelCorpus.encode(tokenizer, src, tgt, max_len)
         val = ParallelCorpus.encode(tokenizer, val_src, val_tgt, max_len)

@@ -123,7 +123,8 @@ def _check_data(images: torch.Tensor, labels: torch.Tensor, model_cfg: ViTConfig
                          f"{model_cfg.n_classes}")
 
 
-def image_splits(data_cfg: ImageDataConfig, model_cfg: ViTConfig, seed: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+def image_splits(data_cfg: ImageDataConfig, model_cfg: ViTConfig,
+                 seed: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """{"train": (images, labels), "test": (images, labels)} of the seeded split, checked against the model."""
     images, labels = load_images(data_cfg.dataset)
     _check_data(images, labels, model_cfg, data_cfg.dataset)
@@ -154,7 +155,8 @@ class VisionTask(Task):
         split_seed = spec.saved.get("split_seed", SPLIT_SEED) if spec.saved else SPLIT_SEED
         data = image_splits(data_cfg, model_cfg, split_seed)
         mean, std = normalization(data["train"][0])
-        objective = ImageClassificationObjective(*data["train"], *data["test"], data_cfg, spec.train_cfg.seed, mean, std)
+        objective = ImageClassificationObjective(*data["train"], *data["test"], data_cfg, spec.train_cfg.seed,
+                                                 mean, std)
         info = {"normalization": {"mean": mean, "std": std}, "labels": [str(i) for i in range(model_cfg.n_classes)],
                 "split_seed": split_seed}
         return Prepared(model_cfg, objective, run_info=info,
