@@ -168,8 +168,11 @@ def _left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tens
 
 def check_context(model, prompt_len: int, max_new_tokens: int) -> None:
     """Raise ValueError when prompt + new tokens exceed max_seq_len, unless the model has a sliding
-    window and rotary positions (then the KV cache rolls and the context is unbounded)."""
+    window and rotary positions (then the KV cache rolls and the context is unbounded) or is
+    recurrent (a constant-size state and no positions: Mamba)."""
     cfg = model.cfg
+    if getattr(model, "is_recurrent", False):
+        return
     if cfg.sliding_window is not None and cfg.positions == "rope":
         return
     if prompt_len + max_new_tokens > cfg.max_seq_len:
