@@ -108,7 +108,16 @@ def _scan_loop(x: torch.Tensor, dt: torch.Tensor, At: torch.Tensor, B: torch.Ten
 
 class _SelectiveScan(torch.autograd.Function):
     """y, h_T = scan(x, Δ, Aᵀ, B, C, h0) in the time-major layout of _scan_loop, with a hand-written
-    backward: the adjoint recurrence run from T − 1 down to 0, one step's tensors at a time."""
+    backward: the adjoint recurrence run from T − 1 down to 0, one step's tensors at a time.
+
+    Steps t = 0 .. T − 1; h_{−1} = h0 is the initial state and h_{T−1} the final one. With
+    g_h,t = ∂L/∂h_t (B, N, Di), starting from ∂L/∂(final state):
+        g_h,t    += C_t ⊗ g_y,t                     then, going back, g_h,t−1 = Ā_t ⊙ g_h,t
+        ∂L/∂(Δ_t A) = g_h,t ⊙ h_{t−1} ⊙ Ā_t         (the log-decay)
+        ∂A  = Σ_{t,b} Δ_t ⊙ ∂L/∂(Δ_t A)             ∂Δ_t = Σ_n A ⊙ ∂L/∂(Δ_t A) + x_t ⊙ Σ_n B_t g_h,t
+        ∂x_t = Δ_t ⊙ Σ_n B_t g_h,t                  ∂B_t = Σ_d g_h,t (Δ_t x_t)     ∂C_t = Σ_d h_t g_y,t
+        ∂h0 = Ā_0 ⊙ g_h,0, what g_h holds after the last step back.
+    """
 
     @staticmethod
     def forward(ctx, x, dt, At, B, C, h0):
