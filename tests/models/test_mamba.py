@@ -46,15 +46,16 @@ def test_changing_a_token_changes_no_earlier_logits():
 
 
 # ----------------------------------------------------------------------------- recurrent decoding
-@pytest.mark.parametrize("prefill", [1, 3, 10])
-def test_recurrent_decoding_equals_the_full_forward(prefill):
+@pytest.mark.parametrize("pieces", [[1] * 14, [3] + [1] * 11, [10, 1, 1, 1, 1], [2, 5, 1, 6]])
+def test_recurrent_decoding_equals_the_full_forward(pieces):
+    """A prompt at once, then one token at a time (or several prefill pieces) == one forward."""
     model = model_for(bias=True)
     x = ids(3, 14)
     with torch.no_grad():
         full = model(x).logits
         model.setup_kv_cache(3, 14)
-        parts = [model(x[:, :prefill]).logits]
-        parts += [model(x[:, i:i + 1]).logits for i in range(prefill, 14)]
+        starts = [sum(pieces[:i]) for i in range(len(pieces))]
+        parts = [model(x[:, s:s + n]).logits for s, n in zip(starts, pieces)]
         model.clear_kv_cache()
     torch.testing.assert_close(torch.cat(parts, 1), full, atol=1e-5, rtol=0)
 
