@@ -125,11 +125,18 @@ def summary(pre: list[dict], dec: list[dict]) -> dict:
         return [p[0] for p in pts], [p[1] for p in pts]
     slopes = {f"prefill_{k}_{f}": fit_slope(*series(pre, "seq_len", k, f)) for k in KINDS for f in ("ms", "peak_extra_mib")}
     slopes.update({f"decode_{k}_ms": fit_slope(*series(dec, "position", k, "ms")) for k in ("sdpa", "mamba")})
-    crossing = next((r["seq_len"] for r in pre if "ms" in r["mamba"] and "ms" in r["sdpa"]
-                     and r["mamba"]["ms"] < r["sdpa"]["ms"]), None)
-    decode_crossing = next((r["position"] for r in dec if r["mamba"]["ms"] < r["sdpa"]["ms"]), None)
-    return {"slopes": slopes, "prefill_mamba_faster_than_sdpa_from_T": crossing,
-            "decode_mamba_faster_than_sdpa_from_position": decode_crossing}
+    return {"slopes": slopes, "prefill_mamba_faster_than_sdpa_from_T": crossing(pre, "seq_len"),
+            "decode_mamba_faster_than_sdpa_from_position": crossing(dec, "position")}
+
+
+def crossing(rows: list[dict], key: str) -> int | None:
+    """The smallest measured length from which Mamba is faster than SDPA at every longer one measured
+    for both (one noisy early win does not count)."""
+    both = [(r[key], r["mamba"]["ms"] < r["sdpa"]["ms"]) for r in rows if "ms" in r["mamba"] and "ms" in r["sdpa"]]
+    first = None
+    for length, mamba_faster in both:
+        first = (first or length) if mamba_faster else None
+    return first
 
 
 def plot(pre: list[dict], dec: list[dict], args) -> None:
