@@ -140,7 +140,7 @@ def crossing(rows: list[dict], key: str) -> int | None:
 
 
 def plot(pre: list[dict], dec: list[dict], args) -> None:
-    import matplotlib
+    import matplotlib  # optional heavy dependency: only with --plot
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(2, 2, figsize=(11, 8))
