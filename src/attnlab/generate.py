@@ -202,11 +202,14 @@ def _left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tens
 def context_window(model) -> int | None:
     """How many of the most recent positions generate() conditions each token on.
 
-    None (every position) for a model with a sliding window and rotary positions: its rolling KV
-    cache holds only the window and RoPE needs no table, so the context is unbounded. Otherwise
-    cfg.max_seq_len: the rows of the learned or sinusoidal position table, or RoPE's trained length.
+    None (every position) for a recurrent model (Mamba: a constant-size state, no positions) and for
+    a model with a sliding window and rotary positions (its rolling KV cache holds only the window
+    and RoPE needs no table): their context is unbounded. Otherwise cfg.max_seq_len: the rows of
+    the learned or sinusoidal position table, or RoPE's trained length.
     """
     cfg = model.cfg
+    if model.is_recurrent:
+        return None
     if cfg.sliding_window is not None and cfg.positions == "rope":
         return None
     return cfg.max_seq_len

@@ -62,7 +62,8 @@ def load_hf(path, dtype: torch.dtype = torch.float32) -> tuple[GPT, dict]:
     return model.to(dtype).eval(), hf
 
 
-def _check_replaceable(out: Path) -> None:
+def check_replaceable(out: Path) -> None:
+    """Refuse to replace `out` unless it is new, or a directory holding only what an export writes."""
     if out.exists() and not out.is_dir():
         raise ValueError(f"{out} exists and is not a directory")
     if out.is_dir():
@@ -73,8 +74,9 @@ def _check_replaceable(out: Path) -> None:
                              f"replace it: choose an empty or new directory")
 
 
-def _tokenizer_config(tokenizer, cfg) -> dict:
-    """tokenizer_config.json: transformers' AutoTokenizer then reads tokenizer.json as it is."""
+def tokenizer_config(tokenizer, cfg) -> dict:
+    """tokenizer_config.json of an exported model: transformers' AutoTokenizer then reads
+    tokenizer.json as it is."""
     out = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.max_seq_len}
     for key, token_id in (("bos_token", cfg.bos_id), ("eos_token", cfg.eos_id)):
         if token_id is not None and token_id in tokenizer.special_tokens.values():
@@ -125,10 +127,10 @@ def save_hf(model: GPT, out_dir, tokenizer=None) -> None:
         state = _with_zero_biases(model, state)
     tensors = {k: v.cpu() for k, v in to_hf(hf["architectures"][0], state, cfg.tie_embeddings).items()}
     out = Path(out_dir)
-    _check_replaceable(out)
+    check_replaceable(out)
     with atomic_directory(out) as tmp:
         save_file(tensors, str(tmp / SINGLE), metadata={"format": "pt"})
         jsonfile.write_json_atomic(tmp / "config.json", hf)
         if tokenizer is not None:
             tokenizer.save(tmp / "tokenizer.json")
-            jsonfile.write_json_atomic(tmp / "tokenizer_config.json", _tokenizer_config(tokenizer, cfg))
+            jsonfile.write_json_atomic(tmp / "tokenizer_config.json", tokenizer_config(tokenizer, cfg))

@@ -62,13 +62,14 @@ def cosine_lr(step: int, lr: float, min_lr: float, warmup_steps: int, decay_step
 def build_optimizer(model: nn.Module, lr: float, betas: tuple[float, float], eps: float,
                     weight_decay: float = 0.0) -> torch.optim.Optimizer:
     """Adam (weight_decay 0, the paper's) or AdamW in two groups: decay on every matrix (linear
-    weights and embeddings), none on biases and norm gains (Loshchilov & Hutter 2019; the grouping
-    of GPT-2/nanoGPT)."""
+    weights and embeddings), none on biases, norm gains and parameters marked `_no_weight_decay`
+    (Mamba's A_log and D, as its reference code) (Loshchilov & Hutter 2019; the grouping of
+    GPT-2/nanoGPT)."""
     if weight_decay == 0:
         return torch.optim.Adam(model.parameters(), lr=lr, betas=betas, eps=eps)
     decay, no_decay = [], []
     for p in model.parameters():
-        (decay if p.dim() >= 2 else no_decay).append(p)
+        (decay if p.dim() >= 2 and not getattr(p, "_no_weight_decay", False) else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps)
 

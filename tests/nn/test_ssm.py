@@ -1,0 +1,105 @@
+"""The selective scan: the fast form equals the sequential reference (values, final state and every
+gradient, fp32, 1e-5), continues from a state exactly, and the one-token step equals a scan of one."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnlab.nn.ssm import selective_scan, selective_scan_ref, selective_step
+
+TOL = 1e-5
+
+
+def _inputs(b, t, di, n, seed=0, with_h0=True):
+    """Random scan inputs with the magnitudes of a trained model: Δ = softplus(·) around 0.01-1, A < 0."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(b, t, di, generator=g)
+    delta = F.softplus(torch.randn(b, t, di, generator=g) - 2)
+    A = -torch.exp(torch.randn(di, n, generator=g))
+    B, C = torch.randn(b, t, n, generator=g), torch.randn(b, t, n, generator=g)
+    D = torch.randn(di, generator=g)
+    h0 = torch.randn(b, di, n, generator=g) if with_h0 else None
+    return [x, delta, A, B, C, D, h0]
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
+    """Within TOL of the reference, relative to its largest magnitude (gradients sum over B·T terms)."""
+    scale = max(1.0, b.abs().max().item())
+    diff = (a - b).abs().max().item()
+    assert diff <= TOL * scale, f"{what}: max |diff| {diff:.2e} > {TOL} × {scale:.2f}"
+
+
+def _run(fn, args):
+    args = [a.clone().requires_grad_() if a is not None else None for a in args]
+    y, h = fn(*args)
+    g = torch.Generator().manual_seed(99)
+    loss = (y * torch.randn(y.shape, generator=g)).sum() + (h * torch.randn(h.shape, generator=g)).sum()
+    loss.backward()
+    return y.detach(), h.detach(), [a.grad if a is not None else None for a in args]
+
+
+NAMES = ["x", "delta", "A", "B", "C", "D", "h0"]
+
+
+@pytest.mark.parametrize("t", [1, 2, 7, 33, 64])
+@pytest.mark.parametrize("with_h0", [False, True])
+def test_fast_scan_equals_reference_values_state_and_gradients(t, with_h0):
+    args = _inputs(3, t, 12, 5, seed=t, with_h0=with_h0)
+    y_ref, h_ref, g_ref = _run(selective_scan_ref, args)
+    y, h, g = _run(selective_scan, args)
+    _close(y, y_ref, "y")
+    _close(h, h_ref, "final state")
+    for name, a, b in zip(NAMES, g, g_ref):
+        if b is not None:
+            _close(a, b, f"d loss / d {name}")
+
+
+def test_no_grad_path_equals_grad_path():
+    args = _inputs(2, 19, 8, 4)
+    with torch.no_grad():
+        y0, h0 = selective_scan(*args)
+    y1, h1 = selective_scan(*[a.clone().requires_grad_() for a in args])
+    assert torch.equal(y0, y1.detach()) and torch.equal(h0, h1.detach())
+
+
+@pytest.mark.parametrize("split", [1, 5, 16])
+def test_continuing_from_the_final_state_equals_one_scan(split):
+    """Prefill in pieces (the state carried over) == the whole sequence at once."""
+    x, delta, A, B, C, D, _ = _inputs(2, 23, 8, 4, with_h0=False)
+    y_all, h_all = selective_scan(x, delta, A, B, C, D)
+    y1, h1 = selective_scan(x[:, :split], delta[:, :split], A, B[:, :split], C[:, :split], D)
+    y2, h2 = selective_scan(x[:, split:], delta[:, split:], A, B[:, split:], C[:, split:], D, h1)
+    _close(torch.cat([y1, y2], 1), y_all, "y")
+    _close(h2, h_all, "final state")
+
+
+def test_step_equals_a_scan_of_one_and_updates_the_state_in_place():
+    x, delta, A, B, C, D, h0 = _inputs(2, 1, 8, 4)
+    y_scan, h_scan = selective_scan_ref(x, delta, A, B, C, D, h0)
+    h = h0.clone()
+    y = selective_step(x[:, 0], delta[:, 0], A, B[:, 0], C[:, 0], D, h)
+    _close(y, y_scan[:, 0], "y")
+    _close(h, h_scan, "state")
+
+
+def test_zero_delta_leaves_the_state_unchanged():
+    """Δ = 0 is how padding is skipped: Ā = 1 and B̄x = 0."""
+    x, delta, A, B, C, D, h0 = _inputs(2, 6, 8, 4)
+    _, h = selective_scan(x, torch.zeros_like(delta), A, B, C, D, h0)
+    assert torch.equal(h, h0)
+
+
+def test_state_shape_and_dtype():
+    x, delta, A, B, C, D, _ = _inputs(2, 5, 8, 4, with_h0=False)
+    y, h = selective_scan(x.double(), delta, A, B, C, D)
+    assert y.shape == (2, 5, 8) and y.dtype == torch.float64
+    assert h.shape == (2, 8, 4) and h.dtype == torch.float32
+
+
+def test_mismatched_shapes_are_named():
+    x, delta, A, B, C, D, _ = _inputs(2, 5, 8, 4, with_h0=False)
+    with pytest.raises(ValueError, match="A \\(8, 3\\)"):
+        selective_scan(x, delta, A[:, :3], B, C, D)
+    with pytest.raises(ValueError, match="initial state h0"):
+        selective_scan(x, delta, A, B, C, D, torch.zeros(2, 4, 8))
