@@ -59,6 +59,10 @@ def parse_value(cls, name: str, text: str):
         return text
     if text.lower() in ("none", "null") and type(None) in typing.get_args(hint):
         return None
+    choices = [c for a in args if typing.get_origin(a) is Literal for c in typing.get_args(a)]
+    if text in choices:  # e.g. dt_rank: Union[int, Literal["auto"]]
+        return text
+    args = [a for a in args if typing.get_origin(a) is not Literal]
     base = args[0] if typing.get_origin(hint) is typing.Union else hint
     try:
         if base is bool:

@@ -13,13 +13,14 @@ from pathlib import Path
 from attnlab.interop.gguf import load_gguf
 from attnlab.interop.hf import load_hf
 from attnlab.interop.hf_bert import load_hf_bert
+from attnlab.interop.hf_mamba import load_mamba_hf
 from attnlab.jsonfile import read_json
 from attnlab.pretrained import resolve
 from attnlab.tasks.registry import load_run
 from attnlab.tokenizers import ByteLevelBPE
 from attnlab.train.run_dir import is_run_dir
 
-CAUSAL = ("gpt",)      # model types that continue a prompt (generate, chat)
+CAUSAL = ("gpt", "mamba")  # model types that continue a prompt (generate, chat)
 ENCODERS = ("bert",)   # model types that embed text
 
 
@@ -65,7 +66,7 @@ def _check_kind(loaded: Loaded, wanted: tuple[str, ...], what: str) -> Loaded:
 
 def load_model(name_or_path: str) -> Loaded:
     """Any model: a name (smollm2-135m, all-minilm-l6-v2), a GGUF file, a HF model directory
-    (config.json + safetensors + tokenizer.json: llama, mistral, qwen2, mixtral, gpt2, bert) or one
+    (config.json + safetensors + tokenizer.json: llama, mistral, qwen2, mixtral, gpt2, mamba, bert) or one
     of our run directories.
 
     Raises:
@@ -85,14 +86,15 @@ def load_model(name_or_path: str) -> Loaded:
     if config.get("model_type") == "bert":
         model, tokenizer, _, limit = load_hf_bert(str(path))
         return Loaded(model, tokenizer, "bert", path, max_seq_len=limit)
-    model, _ = load_hf(path)
+    model_type = "mamba" if config.get("model_type") == "mamba" else "gpt"
+    model, _ = load_mamba_hf(path) if model_type == "mamba" else load_hf(path)
     if not (path / "tokenizer.json").is_file():
         raise FileNotFoundError(f"{path} has no tokenizer.json")
     tokenizer = ByteLevelBPE.load(path / "tokenizer.json")
     template = None
     if (path / "tokenizer_config.json").is_file():
         template = json.loads((path / "tokenizer_config.json").read_text()).get("chat_template")
-    return Loaded(model.eval(), tokenizer, "gpt", path, template, _special_strings(tokenizer, model.cfg))
+    return Loaded(model.eval(), tokenizer, model_type, path, template, _special_strings(tokenizer, model.cfg))
 
 
 def load_causal_lm(name_or_path: str) -> Loaded:

@@ -10,7 +10,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Callable, Literal, Optional
 
 import torch
 import torch.nn.functional as F
@@ -137,15 +137,20 @@ class LanguageModelTask(Task):
 
     model_type, model_class, model_config, data_config = "gpt", GPT, GPTConfig, TextDataConfig
 
-    def __init__(self, model_type: str = "gpt", model_class: type = GPT, model_config: type = GPTConfig):
+    def __init__(self, model_type: str = "gpt", model_class: type = GPT, model_config: type = GPTConfig,
+                 export: Callable = save_hf):
+        """Args: the family's model_type (registry key), model and config classes, and its Hugging
+        Face writer export(model, out_dir, tokenizer)."""
         self.model_type, self.model_class, self.model_config = model_type, model_class, model_config
+        self.export = export
 
     def load_tokenizer(self, path: Path) -> ByteLevelBPE:
         return ByteLevelBPE.load(path / "tokenizer.json")
 
     def export_hf(self, model, tokenizer, out: Path, tokenizer_file: Path | None = None) -> None:
-        """LLaMA / Mistral / Qwen2 / Mixtral / GPT-2 directory (interop/hf.py's save_hf)."""
-        save_hf(model, out, tokenizer)
+        """The family's Hugging Face directory: LLaMA / Mistral / Qwen2 / Mixtral / GPT-2 for a GPT
+        (interop/hf.py), MambaForCausalLM for a Mamba (interop/hf_mamba.py)."""
+        self.export(model, out, tokenizer)
 
     def prepare(self, spec: RunSpec) -> Prepared:
         model_cfg, data_cfg = spec.model_cfg, spec.data_cfg

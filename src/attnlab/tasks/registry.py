@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from attnlab.interop.hf_mamba import save_mamba_hf
 from attnlab.jsonfile import read_json
+from attnlab.models.mamba import Mamba, MambaConfig
 from attnlab.tasks.base import Run, Task
 from attnlab.tasks.language_model import LanguageModelTask
 from attnlab.tasks.text_classification import BertTask
@@ -16,7 +18,8 @@ from attnlab.train.run_dir import check_model_dir
 
 TASKS: dict[str, Task] = {task.model_type: task for task in (
     TranslationTask(),
-    LanguageModelTask(),
+    LanguageModelTask(),                                            # "gpt": GPT-2 ... LLaMA, Mistral, Mixtral
+    LanguageModelTask("mamba", Mamba, MambaConfig, export=save_mamba_hf),  # selective state-space LM
     BertTask(),
     VisionTask(),
 )}
