@@ -36,7 +36,7 @@ def cmd_translate(args) -> None:
     todo = [i for i, x in enumerate(lines) if x.strip()]  # empty lines are skipped (an empty line out)
     out = [""] * len(lines)
     hyps = translate(run.model, run.tokenizer, [lines[i].strip() for i in todo], args.beam or data.beam_size,
-                     data.length_penalty)
+                     data.length_penalty, data.beam_stopping)
     for i, hyp in zip(todo, hyps):
         out[i] = hyp
     for hyp in out:

@@ -44,6 +44,7 @@ class TranslationDataConfig(Config):
     eval_bleu_sentences: int = 500    # validation sentences decoded (greedy) for BLEU at each evaluation
     beam_size: int = 4                # beam width of `evaluate` and `translate` by default (paper §6.1)
     length_penalty: float = 0.6       # α of the GNMT length penalty in beam search (paper §6.1)
+    beam_stopping: Literal["exact", "heuristic"] = "exact"  # when a sentence's beam stops (generate.beam_search)
 
     def __post_init__(self):
         check_literals(self)
@@ -85,11 +86,12 @@ def corpus_bleu(hypotheses: list[str], references: list[str]) -> float:
 
 
 def decode_corpus(model: Seq2SeqTransformer, tokenizer, sources: list[list[int]], beam_size: int = 1,
-                  alpha: float = 0.6, batch_rows: int = 128) -> list[str]:
+                  alpha: float = 0.6, batch_rows: int = 128, early_stopping: str = "exact") -> list[str]:
     """Translate tokenized sources to text, in input order.
 
     Sources are sorted by length so that each batch holds similar lengths (little padding); a batch
-    holds batch_rows // beam_size sentences. beam_size 1 is greedy decoding.
+    holds batch_rows // beam_size sentences. beam_size 1 is greedy decoding; early_stopping is beam
+    search's stopping rule ("exact" or "heuristic", generate.beam_search).
     """
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     n = max(1, batch_rows // beam_size)
@@ -97,7 +99,8 @@ def decode_corpus(model: Seq2SeqTransformer, tokenizer, sources: list[list[int]]
     for start in range(0, len(order), n):
         idx = order[start:start + n]
         src = pad_batch([sources[j] for j in idx], model.cfg.pad_id)
-        ids = greedy_decode(model, src) if beam_size == 1 else beam_search(model, src, beam_size, alpha)
+        ids = (greedy_decode(model, src) if beam_size == 1
+               else beam_search(model, src, beam_size, alpha, early_stopping=early_stopping))
         for j, seq in zip(idx, ids):
             out[j] = tokenizer.decode(seq, skip_special=True).strip()
     return out
@@ -116,10 +119,11 @@ def encode_sources(model: Seq2SeqTransformer, tokenizer, sentences: list[str]) -
 
 
 def translate(model: Seq2SeqTransformer, tokenizer, sentences: list[str], beam_size: int = 4,
-              alpha: float = 0.6) -> list[str]:
+              alpha: float = 0.6, early_stopping: str = "exact") -> list[str]:
     """Translate sentences (beam search, or greedy with beam_size 1); one output per input."""
     with torch.no_grad():
-        return decode_corpus(model, tokenizer, encode_sources(model, tokenizer, sentences), beam_size, alpha)
+        return decode_corpus(model, tokenizer, encode_sources(model, tokenizer, sentences), beam_size, alpha,
+                             early_stopping=early_stopping)
 
 
 class TranslationObjective:
@@ -193,7 +197,7 @@ class TranslationTask(Task):
     def evaluate_run(self, run: Run, split: str | None, limit: int | None, beam: int | None = None) -> dict:
         """sacreBLEU on a split ("val", "test" = the recipe's test split, or a file stem such as
         "test_2016_flickr") against the raw references, decoding with `beam` (default: the run's
-        beam_size) and the run's length_penalty.
+        beam_size), the run's length_penalty and beam_stopping.
 
         Returns:
             {"split", "n", "bleu", "beam", "length_penalty"}.
@@ -208,6 +212,6 @@ class TranslationTask(Task):
         if limit is not None:
             src, refs = src[:limit], refs[:limit]
         beam = beam or data.beam_size
-        hyps = translate(run.model, run.tokenizer, src, beam, data.length_penalty)
+        hyps = translate(run.model, run.tokenizer, src, beam, data.length_penalty, data.beam_stopping)
         return {"split": name, "n": len(src), "bleu": round(corpus_bleu(hyps, refs), 2), "beam": beam,
                 "length_penalty": data.length_penalty}
