@@ -179,6 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_parsers(sub)
     from attnlab.tokenizers.cli import add_tokenizer_parser
     add_tokenizer_parser(sub)
+    from attnlab.viz.cli import add_viz_parser
+    add_viz_parser(sub)
     return p
 
 

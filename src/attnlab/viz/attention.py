@@ -1,0 +1,205 @@
+"""attention: what one token attends to in every layer and head, and one head's full map.
+
+Shape legend: L layers, H heads, T query tokens, S key tokens.
+Self-attention of an encoder (every token sees every token), of a decoder (only the past is
+visible) or of a translation model's encoder; with `cross`, a translation model's decoder→encoder
+attention over a sentence and its translation (each row labelled by the target token that decoder
+position predicts).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from attnlab.generate import greedy_decode
+from attnlab.viz.capture import attention_modules, recorded_attention
+from attnlab.viz.figure import finish, new_figure, short
+from attnlab.viz.sources import FITTING, Source
+
+EXAMPLE = "The animal didn't cross the street because it was too tired."  # the issue's example sentence
+CROSS_EXAMPLE = "A man is riding a bicycle down the street."  # a sentence to translate (--cross)
+SPECIAL = {"[CLS]", "[SEP]", "[PAD]", "<bos>", "<eos>", "<pad>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"}
+
+
+@dataclass
+class AttentionMaps:
+    """Attention weights of one text through one model."""
+
+    model: str                  # the model's name or directory
+    kind: str                   # "encoder", "causal-lm", "seq2seq" (its encoder) or "cross"
+    text: str                   # the input (the source sentence for "seq2seq" and "cross")
+    query_tokens: list[str]     # T display strings (rows)
+    key_tokens: list[str]       # S display strings (columns)
+    weights: np.ndarray         # (L, H, T, S) float32, each row a probability distribution
+    target: str | None = None   # "cross": the translation whose decoder rows these are
+    special: list[bool] = field(default_factory=list)  # per key: a special token ([CLS], <eos>, ...)
+
+    @property
+    def causal(self) -> bool:
+        return self.kind == "causal-lm"
+
+
+def _self_weights(source: Source, ids: list[int]) -> torch.Tensor:
+    x = torch.tensor([ids])
+    if source.kind == "causal-lm":
+        return torch.stack(source.model(x, need_weights=True).attentions)[:, 0]  # (L, H, T, T)
+    modules = attention_modules(source.model, "self")
+    with recorded_attention(modules) as records:
+        source.model(x) if source.kind == "encoder" else source.model.encode(x)
+    return torch.stack(records)[:, 0]  # (L, H, S, S)
+
+
+def _cross_weights(source: Source, src: list[int], tgt: list[int]) -> torch.Tensor:
+    model = source.model
+    with recorded_attention(attention_modules(model, "cross")) as records:
+        model(torch.tensor([src]), torch.tensor([[model.cfg.bos_id] + tgt]))
+    return torch.stack(records)[:, 0]  # (L, H, T + 1, S)
+
+
+@torch.no_grad()
+def attention_maps(source: Source, text: str, cross: bool = False, target: str | None = None) -> AttentionMaps:
+    """The attention weights of `text` through `source`'s model.
+
+    Args:
+        cross: a translation model's decoder→encoder attention over `text` and its translation
+            (`target`, or the model's greedy translation when None).
+    Returns:
+        AttentionMaps; with `cross`, T = target tokens + <eos> and S = source tokens.
+    Raises:
+        ValueError: an empty text, or `cross` on a model that is not encoder–decoder.
+    """
+    if not text.strip():
+        raise ValueError("--text is empty; give a sentence")
+    if cross and source.kind != "seq2seq":
+        raise ValueError(f"--cross needs an encoder–decoder model: {FITTING['seq2seq']}; "
+                         f"{source.name} is a {source.kind} model")
+    ids, tokens = source.tokenize(text)
+    if source.kind != "encoder" and len(ids) > source.model.cfg.max_seq_len:
+        raise ValueError(f"the text has {len(ids)} tokens; the model reads at most {source.model.cfg.max_seq_len}")
+    if not cross:
+        weights = _self_weights(source, ids)
+        return AttentionMaps(source.name, source.kind, text, tokens, tokens, weights.float().numpy(),
+                             special=[t in SPECIAL for t in tokens])
+    if target is None:
+        tgt = greedy_decode(source.model, torch.tensor([ids]))[0]
+    else:
+        tgt = source.tokenizer.encode(target)
+    weights = _cross_weights(source, ids, tgt)
+    rows = [source.display(i) for i in tgt] + ["<eos>"]
+    return AttentionMaps(source.name, "cross", text, rows, tokens, weights.float().numpy(),
+                         source.tokenizer.decode(tgt), [False] * len(tokens))
+
+
+def _norm(token: str) -> str:
+    return token.strip().removeprefix("##").strip().lower()
+
+
+def find_token(tokens: list[str], token: str) -> int:
+    """Position of the first token whose text is `token` (case, spaces and ## ignored).
+
+    Raises:
+        ValueError: listing the tokens when none matches.
+    """
+    want = _norm(token)
+    for i, t in enumerate(tokens):
+        if _norm(t) == want:
+            return i
+    raise ValueError(f"--token {token!r} is not a token of the text; its tokens are: "
+                     + " ".join(repr(t.strip() or t) for t in tokens))
+
+
+def default_query(maps: AttentionMaps) -> int:
+    """The first query that is not a special token (0 if all are)."""
+    specials = [t in SPECIAL for t in maps.query_tokens]
+    return next((i for i, s in enumerate(specials) if not s), 0)
+
+
+def _others(maps: AttentionMaps, index: int) -> list[int]:
+    """Keys other than the query itself that are not special tokens."""
+    same = maps.kind != "cross"
+    return [j for j in range(len(maps.key_tokens))
+            if not (same and j == index) and not (maps.special and maps.special[j])]
+
+
+def top_heads(maps: AttentionMaps, index: int) -> list[dict]:
+    """For each other key token, the layer and head whose weight on it from query `index` is the
+    largest (layers and heads count from 0), with that weight."""
+    out = []
+    w = maps.weights[:, :, index, :]  # (L, H, S)
+    for j in _others(maps, index):
+        layer, head = np.unravel_index(int(np.argmax(w[:, :, j])), w.shape[:2])
+        out.append({"position": j, "token": maps.key_tokens[j], "layer": int(layer), "head": int(head),
+                    "weight": round(float(w[layer, head, j]), 4)})
+    return out
+
+
+def head_for(maps: AttentionMaps, index: int, key: int) -> tuple[int, int]:
+    """The (layer, head) whose weight from query `index` on key `key` is the largest."""
+    w = maps.weights[:, :, index, key]  # (L, H)
+    layer, head = np.unravel_index(int(np.argmax(w)), w.shape)
+    return int(layer), int(head)
+
+
+def strongest_head(maps: AttentionMaps, index: int) -> tuple[int, int]:
+    """The (layer, head) that puts the most weight on any other non-special key from query
+    `index`; the last layer's head 0 when there is no such key."""
+    heads = top_heads(maps, index)
+    if not heads:
+        return maps.weights.shape[0] - 1, 0
+    best = max(heads, key=lambda h: h["weight"])
+    return best["layer"], best["head"]
+
+
+def caption(maps: AttentionMaps, index: int, layer: int, head: int) -> str:
+    who = {"encoder": "every token sees every other", "causal-lm": "only the past is visible, so the upper "
+           "triangle is empty", "seq2seq": "the translation model's encoder", "cross": "each target token "
+           "(row) attends to the source words it translates"}[maps.kind]
+    return (f"Left: the weights of {maps.query_tokens[index].strip()!r} on each token, one panel per layer "
+            f"(rows: heads); right: the whole map of layer {layer}, head {head} ({who}). Each row sums to 1; "
+            f"heads differ, and many rest on a special or first token.")
+
+
+def draw_attention(maps: AttentionMaps, index: int, layer: int, head: int, out) -> None:
+    """Per-layer head × key panels for query `index`, and the full T × S map of (layer, head)."""
+    from matplotlib.colors import PowerNorm  # optional heavy dependency (viz extra)
+
+    n_layers, n_heads, t, s = maps.weights.shape
+    cols = min(n_layers, 6)
+    rows = -(-n_layers // cols)
+    fig = new_figure(min(18.0, 4.5 + 2.0 * cols + 0.18 * s), 2.2 + rows * (0.45 + 0.16 * n_heads))
+    left, right = fig.subfigures(1, 2, width_ratios=[cols * (0.6 + 0.15 * s), 4 + 0.12 * s])
+    norm = PowerNorm(0.5, vmin=0.0, vmax=1.0)
+    axes = left.subplots(rows, cols, squeeze=False)
+    image = None
+    for lay, ax in enumerate(axes.flat):
+        if lay >= n_layers:
+            ax.axis("off")
+            continue
+        image = ax.imshow(maps.weights[lay, :, index, :], cmap="Blues", norm=norm, aspect="auto")
+        ax.set_title(f"layer {lay}", fontsize=8)
+        ax.set_yticks(range(0, n_heads, max(1, n_heads // 4)))
+        ax.tick_params(labelsize=6)
+        last_row = lay + cols >= n_layers
+        ax.set_xticks(range(s), [short(k, 8) for k in maps.key_tokens] if last_row else [], rotation=90)
+        if lay % cols == 0:
+            ax.set_ylabel("head", fontsize=7)
+    left.suptitle(f"query {maps.query_tokens[index].strip()!r} (position {index}): weight on each key token",
+                  fontsize=9)
+    left.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
+    ax = right.subplots()
+    ax.imshow(maps.weights[layer, head], cmap="Blues", norm=norm, aspect="auto")
+    ax.set_xticks(range(s), [short(k) for k in maps.key_tokens], rotation=90, fontsize=7)
+    ax.set_yticks(range(t), [short(q) for q in maps.query_tokens], fontsize=7)
+    ax.set_xlabel("key (attended to)")
+    ax.set_ylabel("query (target token predicted)" if maps.kind == "cross" else "query (attending)")
+    ax.axhline(index, color="#e76f51", lw=0.8)
+    ax.set_title(f"layer {layer}, head {head}", fontsize=9)
+    what = "cross-attention" if maps.kind == "cross" else "self-attention"
+    title = f"Attention ({what}) of {_model_label(maps.model)}"
+    finish(fig, title, caption(maps, index, layer, head), out)
+
+
+def _model_label(name: str) -> str:
+    return name.rstrip("/").split("/")[-1]
