@@ -16,7 +16,7 @@ import torch
 from attnlab.generate import greedy_decode
 from attnlab.viz.capture import attention_modules, recorded_attention
 from attnlab.viz.figure import finish, new_figure, short
-from attnlab.viz.sources import FITTING, Source
+from attnlab.viz.sources import FITTING, Source, describe
 
 EXAMPLE = "The animal didn't cross the street because it was too tired."  # the issue's example sentence
 CROSS_EXAMPLE = "A man is riding a bicycle down the street."  # a sentence to translate (--cross)
@@ -74,7 +74,7 @@ def attention_maps(source: Source, text: str, cross: bool = False, target: str |
         raise ValueError("--text is empty; give a sentence")
     if cross and source.kind != "seq2seq":
         raise ValueError(f"--cross needs an encoder–decoder model: {FITTING['seq2seq']}; "
-                         f"{source.name} is a {source.kind} model")
+                         f"{source.name} is {describe(source.kind)}")
     ids, tokens = source.tokenize(text)
     if source.kind != "encoder" and len(ids) > source.model.cfg.max_seq_len:
         raise ValueError(f"the text has {len(ids)} tokens; the model reads at most {source.model.cfg.max_seq_len}")
@@ -152,13 +152,25 @@ def strongest_head(maps: AttentionMaps, index: int) -> tuple[int, int]:
     return best["layer"], best["head"]
 
 
+def sink_share(maps: AttentionMaps, index: int) -> tuple[str, float]:
+    """What query `index` puts the most weight on when averaged over every layer and head, and that
+    mean weight: special tokens together (encoders), or else the single key with the largest mean."""
+    mean = maps.weights[:, :, index, :].mean(axis=(0, 1))  # (S,)
+    if any(maps.special):
+        return "the special tokens", float(mean[np.array(maps.special)].sum())
+    j = int(np.argmax(mean))
+    return repr(maps.key_tokens[j].strip()), float(mean[j])
+
+
 def caption(maps: AttentionMaps, index: int, layer: int, head: int) -> str:
     who = {"encoder": "every token sees every other", "causal-lm": "only the past is visible, so the upper "
            "triangle is empty", "seq2seq": "the translation model's encoder", "cross": "each target token "
-           "(row) attends to the source words it translates"}[maps.kind]
-    return (f"Left: the weights of {maps.query_tokens[index].strip()!r} on each token, one panel per layer "
-            f"(rows: heads); right: the whole map of layer {layer}, head {head} ({who}). Each row sums to 1; "
-            f"heads differ, and many rest on a special or first token.")
+           "(row) attends over the source"}[maps.kind]
+    query = repr(maps.query_tokens[index].strip())
+    sink, share = sink_share(maps, index)
+    return (f"Left: the weights of {query} on each token, one panel per layer (rows: heads); right: the whole "
+            f"map of layer {layer}, head {head} ({who}). Each row sums to 1. Averaged over all heads, {query} "
+            f"puts {share:.0%} of its weight on {sink}.")
 
 
 def draw_attention(maps: AttentionMaps, index: int, layer: int, head: int, out) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from attnlab.tokenizers.viz import MergeTrace, draw_trace, format_trace, merge_steps
+from attnlab.viz.figure import shrink_png
 
 DEFAULT_WORDS = "low lower newest widest newer wider"  # Sennrich et al. 2016's example, as `tokenizer viz`
 
@@ -22,4 +23,7 @@ def caption(trace: MergeTrace) -> str:
 
 
 def draw_bpe(trace: MergeTrace, out) -> None:
+    """tokenizers.viz.draw_trace's figure, its PNG made smaller."""
     draw_trace(trace, out)
+    if str(out).lower().endswith(".png"):
+        shrink_png(out)

@@ -70,17 +70,17 @@ def time_attention(impl: str, heads: int, head_dim: int, t: int, repeats: int = 
     return float(np.median(times))
 
 
-def measure_memory(impl: str, heads: int, head_dim: int, lengths: list[int]) -> list[float] | None:
-    """Peak extra bytes per length, measured in a child process (see peak_memory); None where the
-    system cannot measure it."""
+def measure_memory(heads: int, head_dim: int, lengths: list[int]) -> dict[str, list[float]] | None:
+    """{impl: peak extra bytes per length} of both paths, measured in a child process (see
+    peak_memory); None where the system cannot measure it."""
     if not peak_memory.supported():
         return None
-    cmd = [sys.executable, "-m", "attnlab.viz.peak_memory", impl, str(heads), str(head_dim), *map(str, lengths)]
+    cmd = [sys.executable, "-m", "attnlab.viz.peak_memory", str(heads), str(head_dim), *map(str, lengths)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         return None
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    return [float(result[str(t)]) for t in lengths]
+    return {impl: [float(result[impl][str(t)]) for t in lengths] for impl in IMPLS}
 
 
 def complexity(lengths: tuple[int, ...] = LENGTHS, heads: int = 4, head_dim: int = 64, repeats: int = 3,
@@ -94,10 +94,8 @@ def complexity(lengths: tuple[int, ...] = LENGTHS, heads: int = 4, head_dim: int
     if len(lengths) < 3 or lengths[0] < 2:
         raise ValueError(f"--lengths needs at least 3 distinct lengths >= 2, got {lengths}")
     seconds = {i: [time_attention(i, heads, head_dim, t, repeats) for t in lengths] for i in IMPLS}
-    mem = {i: measure_memory(i, heads, head_dim, lengths) for i in IMPLS} if memory else None
-    if mem is not None and any(v is None for v in mem.values()):
-        mem = None
-    return ComplexityResult(heads, head_dim, lengths, seconds, mem)
+    return ComplexityResult(heads, head_dim, lengths, seconds, measure_memory(heads, head_dim, lengths) if memory
+                            else None)
 
 
 def draw_complexity(r: ComplexityResult, out) -> None:

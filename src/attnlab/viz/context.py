@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from attnlab.viz.attention import find_token
 from attnlab.viz.capture import bert_hidden_states, token_embeddings
 from attnlab.viz.figure import finish, new_figure
-from attnlab.viz.sources import FITTING, Source
+from attnlab.viz.sources import FITTING, Source, describe
 
 SENTENCES = ("The bank of the river.", "I deposited money at the bank.")
 PROBES = ("river", "water", "money", "account")
@@ -62,8 +62,8 @@ def context_similarity(source: Source, word: str = "bank", sentences: tuple[str,
             (listing the tokens).
     """
     if source.kind != "encoder":
-        raise ValueError(f"the context figure needs an encoder: {FITTING['encoder']}; {source.name} is a "
-                         f"{source.kind} model")
+        raise ValueError(f"the context figure needs an encoder: {FITTING['encoder']}; {source.name} is "
+                         f"{describe(source.kind)}")
     states, positions = [], []
     for text in sentences:
         ids, tokens = source.tokenize(text)

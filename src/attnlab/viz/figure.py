@@ -26,7 +26,18 @@ def finish(fig, title: str, caption: str, out: str | Path) -> Path:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=DPI)
+    if out.suffix.lower() == ".png":
+        shrink_png(out)
     return out
+
+
+def shrink_png(path: str | Path) -> None:
+    """Rewrite a PNG with an adaptive 256-colour palette (figures have few colours): about 3× smaller."""
+    from PIL import Image  # optional heavy dependency (viz extra: matplotlib brings Pillow)
+
+    with Image.open(path) as image:
+        small = image.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
+    small.save(path, optimize=True)
 
 
 def _wrap(text: str, width: int) -> str:

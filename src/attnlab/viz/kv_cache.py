@@ -16,7 +16,7 @@ import torch
 
 from attnlab.nn.kv_cache import KVCache
 from attnlab.viz.figure import finish, new_figure
-from attnlab.viz.sources import FITTING, Source
+from attnlab.viz.sources import FITTING, Source, describe
 
 POSITIONS = (8, 32, 64, 128, 256, 512)
 
@@ -88,8 +88,8 @@ def kv_cache_timing(source: Source, text: str, positions: tuple[int, ...] = POSI
             positions (or positions beyond the model's context).
     """
     if source.kind != "causal-lm":
-        raise ValueError(f"the kv-cache figure needs a decoder: {FITTING['causal-lm']}; {source.name} is a "
-                         f"{source.kind} model")
+        raise ValueError(f"the kv-cache figure needs a decoder: {FITTING['causal-lm']}; {source.name} is "
+                         f"{describe(source.kind)}")
     model, cfg = source.model, source.model.cfg
     positions = sorted(set(positions))
     if not positions or positions[0] < 2 or positions[-1] + 2 > cfg.max_seq_len:

@@ -1,7 +1,7 @@
 """Peak extra memory of causal attention, measured from the process's resident set (Linux).
 
-Run in its own process (`python -m attnlab.viz.peak_memory IMPL HEADS HEAD_DIM T ...` prints one
-JSON line {"T": bytes, ...}) because measuring changes how this process allocates: glibc is told to
+Run in its own process (`python -m attnlab.viz.peak_memory HEADS HEAD_DIM T ...` prints one JSON
+line {"math": {"T": bytes, ...}, "sdpa": {...}}) because measuring changes how this process allocates: glibc is told to
 serve every block over 64 KiB with mmap, so that each tensor's pages are fresh when allocated and
 returned when freed; then the kernel's peak-RSS counter (VmHWM, reset through /proc/self/clear_refs)
 minus the RSS before the call is the call's peak extra memory.
@@ -48,5 +48,5 @@ def peak_bytes(impl: str, heads: int, head_dim: int, lengths: list[int]) -> dict
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    impl_, heads_, dim_, *ts = sys.argv[1:]
-    print(json.dumps(peak_bytes(impl_, int(heads_), int(dim_), [int(t) for t in ts])))
+    heads_, dim_, *ts = (int(a) for a in sys.argv[1:])
+    print(json.dumps({impl: peak_bytes(impl, heads_, dim_, ts) for impl in ("math", "sdpa")}))

@@ -29,6 +29,14 @@ FITTING = {  # what to pass where a figure needs a model of this kind
     "seq2seq": "a translation run (attnlab train --recipe multi30k-en-de --out runs/multi30k)",
 }
 
+DESCRIBED = {"encoder": "an encoder (BERT)", "causal-lm": "a decoder-only language model",
+             "seq2seq": "an encoder–decoder translation model", "vision": "a vision model"}
+
+
+def describe(kind: str) -> str:
+    """A kind in words, with its article: "an encoder (BERT)"."""
+    return DESCRIBED.get(kind, f"a {kind} model")
+
 
 @dataclass
 class Source:
@@ -88,7 +96,7 @@ def load(name_or_dir: str, kinds: tuple[str, ...] = ("encoder", "causal-lm", "se
     kind = kind_of(name_or_dir)
     if kind not in kinds:
         fits = "; ".join(FITTING[k] for k in kinds)
-        raise ValueError(f"{name_or_dir} is a {kind} model; {figure} needs {fits}")
+        raise ValueError(f"{name_or_dir} is {describe(kind)}; {figure} needs {fits}")
     if kind == "encoder":
         loaded = pretrained.load_encoder(name_or_dir)
         return Source(loaded.model, loaded.tokenizer, kind, name_or_dir)

@@ -12,7 +12,7 @@ import torch
 
 from attnlab.generate import greedy_decode
 from attnlab.viz.figure import finish, new_figure, short
-from attnlab.viz.sources import FITTING, Source
+from attnlab.viz.sources import FITTING, Source, describe
 
 
 @dataclass
@@ -50,8 +50,8 @@ def teacher_forcing(source: Source, sentence: str, reference: str, max_new_token
         ValueError: for a model that is not a translation model, or an empty sentence.
     """
     if source.kind != "seq2seq":
-        raise ValueError(f"the teacher-forcing figure needs {FITTING['seq2seq']}; {source.name} is a "
-                         f"{source.kind} model")
+        raise ValueError(f"the teacher-forcing figure needs {FITTING['seq2seq']}; {source.name} is "
+                         f"{describe(source.kind)}")
     if not sentence.strip() or not reference.strip():
         raise ValueError("the teacher-forcing figure needs a sentence and its reference translation")
     model, tok = source.model, source.tokenizer
