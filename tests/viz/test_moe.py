@@ -65,5 +65,5 @@ def test_recorded_choices_are_the_experts_the_layer_uses(trained_moe):
 
 
 def test_needs_a_moe_model(pair_tokenizer):
-    with pytest.raises(ValueError, match="needs a mixture-of-experts run, e.g. attnlab train --recipe shakespeare-char"):
+    with pytest.raises(ValueError, match="needs a mixture-of-experts run, e.g. attnlab train --recipe shakespeare"):
         moe.moe_routing(tiny_gpt(pair_tokenizer), "text")

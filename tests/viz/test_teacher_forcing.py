@@ -11,7 +11,8 @@ def test_position_zero_equals_greedy_first_token(tiny_seq2seq, tmp_path):
         torch.manual_seed(seed)
         for p in tiny_seq2seq.model.parameters():
             torch.nn.init.normal_(p, std=0.3)
-        r = teacher_forcing.teacher_forcing(tiny_seq2seq, "Two dogs sit on the street.", "Zwei hund sitzt auf der straße.")
+        r = teacher_forcing.teacher_forcing(tiny_seq2seq, "Two dogs sit on the street.",
+                                            "Zwei hund sitzt auf der straße.")
         assert r.predicted_ids[0] == r.greedy_ids[0]
     tok = tiny_seq2seq.tokenizer
     src = torch.tensor([tok.encode("Two dogs sit on the street.")])

@@ -25,7 +25,8 @@ def test_unknown_kind_lists_the_kinds(capsys):
 @pytest.mark.parametrize("argv, message", [
     (["attention", "--model", "all-minilm-l6-v2", "--token", "banana"],
      "--token 'banana' is not a token of the text; its tokens are: '[CLS]' 'the' 'animal'"),
-    (["attention", "--model", "all-minilm-l6-v2", "--cross"], "--cross needs an encoder–decoder model: a translation run"),
+    (["attention", "--model", "all-minilm-l6-v2", "--cross"],
+     "--cross needs an encoder–decoder model: a translation run"),
     (["attention", "--model", "all-minilm-l6-v2", "--layer", "6"], "--layer must be in 0..5, got 6"),
     (["teacher-forcing", "--model", "all-minilm-l6-v2"],
      "all-minilm-l6-v2 is an encoder (BERT); the teacher-forcing figure needs a translation run"),

@@ -99,7 +99,9 @@ def complexity(lengths: tuple[int, ...] = LENGTHS, heads: int = 4, head_dim: int
 
 
 def draw_complexity(r: ComplexityResult, out) -> None:
-    panels = [("seconds per call", r.seconds, "time")] + ([("peak extra bytes", r.memory, "memory")] if r.memory else [])
+    panels = [("seconds per call", r.seconds, "time")]
+    if r.memory:
+        panels.append(("peak extra bytes", r.memory, "memory"))
     fig = new_figure(6.0 * len(panels), 4.6)
     axes = np.atleast_1d(fig.subplots(1, len(panels)))
     x = np.array(r.lengths, float)

@@ -84,9 +84,9 @@ def _attention(ctx: _Context, model: str, name: str, page: bool) -> Made:
     html_name = f"{name}.html" if page else None
     if page:
         attention_html.write_attention_page(maps, ctx.out / html_name, layer, head, cap)
-    return Made(f"{name}.png", f"Attention of {model}", cap, f'attnlab viz attention --model {model} --text '
-                f'"{SENTENCE}" --token it --head-for animal --out {name}.png' + (f" --html {html_name}" if page else ""),
-                html_name)
+    command = (f'attnlab viz attention --model {model} --text "{SENTENCE}" --token it --head-for animal '
+               f'--out {name}.png' + (f" --html {html_name}" if page else ""))
+    return Made(f"{name}.png", f"Attention of {model}", cap, command, html_name)
 
 
 def _cross(ctx: _Context) -> Made:

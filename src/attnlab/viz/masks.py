@@ -35,9 +35,9 @@ class MasksResult:
     def caption(self) -> str:
         b = self.row
         return (f"Filled = True = may attend. Padding keys are hidden from every query (the padded columns), "
-                f"the decoder also hides the future (only the lower triangle is filled), cross-attention lets each target position "
-                f"see the {len(self.src_tokens[b])} real source tokens, and a window of {self.window_size} keeps only "
-                f"the most recent keys.")
+                f"the decoder also hides the future (only the lower triangle is filled), cross-attention "
+                f"lets each target position see the {len(self.src_tokens[b])} real source tokens, and a window "
+                f"of {self.window_size} keeps only the most recent keys.")
 
 
 def batch_masks(tokenizer, sources: list[str], targets: list[str], pad_id: int, bos_id: int,

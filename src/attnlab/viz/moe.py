@@ -48,7 +48,8 @@ class MoEResult:
         return (f"{len(self.tokens)} tokens through {self.counts.shape[0]} MoE layers of {self.n_experts} experts "
                 f"(top-{self.top_k}): the busiest expert takes {share.min():.0%}–{share.max():.0%} of a layer's "
                 f"tokens (most uneven: layer {busiest}); right, each token's first choice. A token goes to its usual "
-                f"expert {self.consistency:.0%} of the time ({1 / self.n_experts:.0%} would be chance): routing follows "
+                f"expert {self.consistency:.0%} of the time ({1 / self.n_experts:.0%} would be chance): "
+                f"routing follows "
                 f"the token, and its context changes it.")
 
 

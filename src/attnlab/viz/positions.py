@@ -128,7 +128,8 @@ def draw_positions(r: PositionsResult, out) -> None:
     bx.grid(alpha=0.3)
     rx.add_patch(_circle())
     for pair, pts, marker in zip(r.rope_pairs, r.rope_points, "os"):
-        rx.plot(pts[:, 0], pts[:, 1], marker=marker, lw=0.8, label=f"pair {pair} (dims {pair}, {pair + r.rope_head_dim // 2})")
+        label = f"pair {pair} (dims {pair}, {pair + r.rope_head_dim // 2})"
+        rx.plot(pts[:, 0], pts[:, 1], marker=marker, lw=0.8, label=label)
         for m, (x, y) in enumerate(pts):
             rx.annotate(str(m), (x, y), xytext=(4, 4), textcoords="offset points", fontsize=7)
     _square(rx)
