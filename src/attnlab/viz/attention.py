@@ -152,6 +152,27 @@ def strongest_head(maps: AttentionMaps, index: int) -> tuple[int, int]:
     return best["layer"], best["head"]
 
 
+def sharpest_layer(maps: AttentionMaps) -> int:
+    """The layer whose mean-of-heads map is the most peaked: the largest average over queries of
+    the row's maximum weight (for cross-attention, the clearest word alignment)."""
+    return int(np.argmax(maps.weights.mean(axis=1).max(axis=-1).mean(axis=-1)))
+
+
+def head_map(maps: AttentionMaps, layer: int, head: int | None) -> np.ndarray:
+    """(T, S) the weights of one head, or their mean over the layer's heads when head is None."""
+    return maps.weights[layer].mean(axis=0) if head is None else maps.weights[layer, head]
+
+
+def alignment(maps: AttentionMaps, layer: int, head: int | None = None) -> list[tuple[str, str]]:
+    """(query token, the key it puts the most weight on) for every query of one head or head mean."""
+    w = head_map(maps, layer, head)
+    return [(q.strip(), maps.key_tokens[int(j)].strip()) for q, j in zip(maps.query_tokens, w.argmax(axis=-1))]
+
+
+def head_name(head: int | None) -> str:
+    return "mean of heads" if head is None else f"head {head}"
+
+
 def sink_share(maps: AttentionMaps, index: int) -> tuple[str, float]:
     """What query `index` puts the most weight on when averaged over every layer and head, and that
     mean weight: special tokens together (encoders), or else the single key with the largest mean."""
@@ -162,19 +183,25 @@ def sink_share(maps: AttentionMaps, index: int) -> tuple[str, float]:
     return repr(maps.key_tokens[j].strip()), float(mean[j])
 
 
-def caption(maps: AttentionMaps, index: int, layer: int, head: int) -> str:
+def caption(maps: AttentionMaps, index: int, layer: int, head: int | None) -> str:
     who = {"encoder": "every token sees every other", "causal-lm": "only the past is visible, so the upper "
            "triangle is empty", "seq2seq": "the translation model's encoder", "cross": "each target token "
            "(row) attends over the source"}[maps.kind]
     query = repr(maps.query_tokens[index].strip())
     sink, share = sink_share(maps, index)
+    if maps.kind == "cross":
+        pairs = ", ".join(f"{q}→{k}" for q, k in alignment(maps, layer, head))
+        return (f"Left: the weights of the first target token {query} on each source token, one panel per layer "
+                f"(rows: heads); right: layer {layer}, {head_name(head)}, each target token (row) over the source; "
+                f"its strongest links: {pairs}.")
     return (f"Left: the weights of {query} on each token, one panel per layer (rows: heads); right: the whole "
-            f"map of layer {layer}, head {head} ({who}). Each row sums to 1. Averaged over all heads, {query} "
+            f"map of layer {layer}, {head_name(head)} ({who}). Each row sums to 1. Averaged over all heads, {query} "
             f"puts {share:.0%} of its weight on {sink}.")
 
 
-def draw_attention(maps: AttentionMaps, index: int, layer: int, head: int, out) -> None:
-    """Per-layer head × key panels for query `index`, and the full T × S map of (layer, head)."""
+def draw_attention(maps: AttentionMaps, index: int, layer: int, head: int | None, out) -> None:
+    """Per-layer head × key panels for query `index`, and the full T × S map of (layer, head)
+    (head None: the mean of the layer's heads)."""
     from matplotlib.colors import PowerNorm  # optional heavy dependency (viz extra)
 
     n_layers, n_heads, t, s = maps.weights.shape
@@ -201,13 +228,13 @@ def draw_attention(maps: AttentionMaps, index: int, layer: int, head: int, out) 
                   fontsize=9)
     left.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
     ax = right.subplots()
-    ax.imshow(maps.weights[layer, head], cmap="Blues", norm=norm, aspect="auto")
+    ax.imshow(head_map(maps, layer, head), cmap="Blues", norm=norm, aspect="auto")
     ax.set_xticks(range(s), [short(k) for k in maps.key_tokens], rotation=90, fontsize=7)
     ax.set_yticks(range(t), [short(q) for q in maps.query_tokens], fontsize=7)
     ax.set_xlabel("key (attended to)")
     ax.set_ylabel("query (target token predicted)" if maps.kind == "cross" else "query (attending)")
     ax.axhline(index, color="#e76f51", lw=0.8)
-    ax.set_title(f"layer {layer}, head {head}", fontsize=9)
+    ax.set_title(f"layer {layer}, {head_name(head)}", fontsize=9)
     what = "cross-attention" if maps.kind == "cross" else "self-attention"
     title = f"Attention ({what}) of {_model_label(maps.model)}"
     finish(fig, title, caption(maps, index, layer, head), out)

@@ -90,13 +90,14 @@ _SCRIPT = r"""
 """
 
 
-def attention_page(maps: AttentionMaps, layer: int, head: int, caption: str = "") -> str:
+def attention_page(maps: AttentionMaps, layer: int, head: int | None, caption: str = "") -> str:
     """The page as a string: everything inline, no external reference.
 
     Args:
-        layer, head: what the selectors show first.
+        layer, head: what the selectors show first (head None: the mean of the heads).
     """
-    data = {"query_tokens": maps.query_tokens, "key_tokens": maps.key_tokens, "layer": layer, "head": head,
+    data = {"query_tokens": maps.query_tokens, "key_tokens": maps.key_tokens, "layer": layer,
+            "head": "mean" if head is None else head,
             "weights": maps.weights.round(4).tolist()}
     payload = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
     what = "cross-attention (decoder → encoder)" if maps.kind == "cross" else "self-attention"
@@ -117,7 +118,7 @@ def attention_page(maps: AttentionMaps, layer: int, head: int, caption: str = ""
 """
 
 
-def write_attention_page(maps: AttentionMaps, path, layer: int, head: int, caption: str = "") -> Path:
+def write_attention_page(maps: AttentionMaps, path, layer: int, head: int | None, caption: str = "") -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(attention_page(maps, layer, head, caption), encoding="utf-8")

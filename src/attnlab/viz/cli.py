@@ -35,8 +35,10 @@ def add_viz_parser(subparsers) -> None:
     a.add_argument("--text", default=SENTENCE, help=f'default "{SENTENCE}"')
     a.add_argument("--token", help="the query token (default: the first that is not special)")
     a.add_argument("--head-for", metavar="WORD", help="draw the head that puts the most weight on WORD")
-    a.add_argument("--layer", type=int, help="the layer of the full map (default: the strongest head's)")
-    a.add_argument("--head", type=int, help="the head of the full map")
+    a.add_argument("--layer", type=int, help="the layer of the full map (default: the strongest head's; "
+                   "with --cross, the layer with the sharpest mean-of-heads alignment)")
+    a.add_argument("--head", help="the head of the full map, or 'mean' (the mean of the layer's heads; "
+                   "the default with --cross)")
     a.add_argument("--cross", action="store_true", help="translation runs: decoder→encoder attention")
     a.add_argument("--target", help="with --cross: the translation (default: the model's greedy one)")
     a.add_argument("--html", help="also write the interactive page (self-contained HTML)")
@@ -111,21 +113,35 @@ def _in_range(value: int | None, n: int, name: str) -> None:
         raise ValueError(f"--{name} must be in 0..{n - 1}, got {value}")
 
 
+def _head(text: str | None, heads: int) -> int | None:
+    """--head: an index in 0..heads-1, or "mean" (None)."""
+    if text is None or text == "mean":
+        return None
+    if not text.lstrip("-").isdigit():
+        raise ValueError(f"--head must be a head index or 'mean', got {text!r}")
+    _in_range(int(text), heads, "head")
+    return int(text)
+
+
 def cmd_attention(args) -> None:
     maps = attention.attention_maps(sources.load_for_attention(args.model), args.text, args.cross, args.target)
     index = attention.find_token(maps.query_tokens, args.token) if args.token else attention.default_query(maps)
     layers, heads = maps.weights.shape[:2]
+    chosen = _head(args.head, heads)
     _in_range(args.layer, layers, "layer")
-    _in_range(args.head, heads, "head")
-    layer, head = attention.strongest_head(maps, index)
     if args.head_for:
         layer, head = attention.head_for(maps, index, attention.find_token(maps.key_tokens, args.head_for))
-    layer, head = args.layer if args.layer is not None else layer, args.head if args.head is not None else head
+    elif args.cross:
+        layer, head = attention.sharpest_layer(maps), None
+    else:
+        layer, head = attention.strongest_head(maps, index)
+    layer = args.layer if args.layer is not None else layer
+    head = head if args.head is None else chosen
     attention.draw_attention(maps, index, layer, head, args.out)
     if args.html:
         attention_html.write_attention_page(maps, args.html, layer, head, attention.caption(maps, index, layer, head))
     _done({"model": args.model, "kind": maps.kind, "token": maps.query_tokens[index], "position": index,
-           "target": maps.target, "layer": layer, "head": head, "top_heads": attention.top_heads(maps, index)},
+           "target": maps.target, "layer": layer, "head": "mean" if head is None else head, "top_heads": attention.top_heads(maps, index)},
           args.out, args.html)
 
 

@@ -93,7 +93,7 @@ def _cross(ctx: _Context) -> Made:
     run = ctx.run("seq2seq")
     maps = attention.attention_maps(ctx.model(str(run)), TRANSLATE, cross=True)
     index = attention.default_query(maps)
-    layer, head = attention.strongest_head(maps, index)
+    layer, head = attention.sharpest_layer(maps), None
     cap = attention.caption(maps, index, layer, head)
     attention.draw_attention(maps, index, layer, head, ctx.out / "attention-cross.png")
     attention_html.write_attention_page(maps, ctx.out / "attention-cross.html", layer, head, cap)

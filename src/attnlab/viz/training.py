@@ -85,9 +85,9 @@ def draw_training(runs: list[RunCurves], out) -> None:
         if r.quality:
             ax = quality_axes[r.quality]
             ax.plot(r.val["step"], r.val[r.quality], "o-", color=color, ms=4, label=r.name)
-            for rec in r.averaged:
-                if rec.get(r.quality) is not None:
-                    ax.plot([rec["step"]], [rec[r.quality]], "*", color=color, ms=10, label=f"{r.name} averaged")
+            averaged = [(rec["step"], rec[r.quality]) for rec in r.averaged if rec.get(r.quality) is not None]
+            if averaged:
+                ax.plot(*zip(*averaged), "*", color=color, ms=10, label=f"{r.name}, averaged weights")
     loss_ax.set_ylabel("loss (nats per token)")
     loss_ax.set_title("loss", fontsize=9)
     for q, ax in quality_axes.items():
