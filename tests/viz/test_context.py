@@ -23,7 +23,8 @@ def test_default_sentences(minilm, tmp_path):
 
 
 def test_word_not_in_a_sentence_lists_its_tokens(minilm):
-    with pytest.raises(ValueError, match="'bank' is not a token of the text; its tokens are: '\\[CLS\\]' 'a' 'river'"):
+    message = "--word 'bank' is not a token of the text; its tokens are: '\\[CLS\\]' 'a' 'river'"
+    with pytest.raises(ValueError, match=message):
         context.context_similarity(minilm, "bank", ("A river.", "The bank."))
 
 

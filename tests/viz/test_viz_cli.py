@@ -28,6 +28,8 @@ def test_unknown_kind_lists_the_kinds(capsys):
     (["attention", "--model", "all-minilm-l6-v2", "--cross"],
      "--cross needs an encoder–decoder model: a translation run"),
     (["attention", "--model", "all-minilm-l6-v2", "--layer", "6"], "--layer must be in 0..5, got 6"),
+    (["attention", "--model", "all-minilm-l6-v2", "--head", "first"], "--head must be a head index or 'mean'"),
+    (["attention", "--model", "all-minilm-l6-v2", "--head-for", "zebra"], "--head-for 'zebra' is not a token"),
     (["teacher-forcing", "--model", "all-minilm-l6-v2"],
      "all-minilm-l6-v2 is an encoder (BERT); the teacher-forcing figure needs a translation run"),
     (["kv-cache", "--model", "all-minilm-l6-v2"], "the kv-cache figure needs smollm2-135m, a GGUF file or a language"),

@@ -96,17 +96,17 @@ def _norm(token: str) -> str:
     return token.strip().removeprefix("##").strip().lower()
 
 
-def find_token(tokens: list[str], token: str) -> int:
+def find_token(tokens: list[str], token: str, flag: str = "--token") -> int:
     """Position of the first token whose text is `token` (case, spaces and ## ignored).
 
     Raises:
-        ValueError: listing the tokens when none matches.
+        ValueError: naming `flag` and listing the tokens when none matches.
     """
     want = _norm(token)
     for i, t in enumerate(tokens):
         if _norm(t) == want:
             return i
-    raise ValueError(f"--token {token!r} is not a token of the text; its tokens are: "
+    raise ValueError(f"{flag} {token!r} is not a token of the text; its tokens are: "
                      + " ".join(repr(t.strip() or t) for t in tokens))
 
 

@@ -130,7 +130,8 @@ def cmd_attention(args) -> None:
     chosen = _head(args.head, heads)
     _in_range(args.layer, layers, "layer")
     if args.head_for:
-        layer, head = attention.head_for(maps, index, attention.find_token(maps.key_tokens, args.head_for))
+        key = attention.find_token(maps.key_tokens, args.head_for, "--head-for")
+        layer, head = attention.head_for(maps, index, key)
     elif args.cross:
         layer, head = attention.sharpest_layer(maps), None
     else:
@@ -141,8 +142,8 @@ def cmd_attention(args) -> None:
     if args.html:
         attention_html.write_attention_page(maps, args.html, layer, head, attention.caption(maps, index, layer, head))
     _done({"model": args.model, "kind": maps.kind, "token": maps.query_tokens[index], "position": index,
-           "target": maps.target, "layer": layer, "head": "mean" if head is None else head, "top_heads": attention.top_heads(maps, index)},
-          args.out, args.html)
+           "target": maps.target, "layer": layer, "head": "mean" if head is None else head,
+           "top_heads": attention.top_heads(maps, index)}, args.out, args.html)
 
 
 def cmd_context(args) -> None:

@@ -67,7 +67,7 @@ def context_similarity(source: Source, word: str = "bank", sentences: tuple[str,
     states, positions = [], []
     for text in sentences:
         ids, tokens = source.tokenize(text)
-        positions.append(find_token(tokens, word))
+        positions.append(find_token(tokens, word, "--word"))
         x = torch.tensor([ids])
         states.append([token_embeddings(source.model, x)] + bert_hidden_states(source.model, x))
     cosine = [float(F.cosine_similarity(_word_vector(a, positions[0]), _word_vector(b, positions[1]), dim=0))

@@ -14,7 +14,6 @@ from attnlab import pretrained
 from attnlab.data.text import read_text, split_text
 from attnlab.data.translation import read_parallel
 from attnlab.jsonfile import read_json
-from attnlab.lm import load_lm
 from attnlab.recipes import get_recipe as _get_recipe
 from attnlab.runs import model_type
 from attnlab.tasks.language_model import TextDataConfig
@@ -110,11 +109,6 @@ def load(name_or_dir: str, kinds: tuple[str, ...] = ("encoder", "causal-lm", "se
 def load_for_attention(name_or_dir: str) -> Source:
     """Any model whose attention can be drawn: an encoder, a decoder or a translation run."""
     return load(name_or_dir, ("encoder", "causal-lm", "seq2seq"), "the attention figure")
-
-
-def load_lm_run(run_dir: str) -> tuple[object, object, dict]:
-    """(model, tokenizer, saved config) of a language-model run directory."""
-    return load_lm(run_dir)
 
 
 def run_config(run_dir: str | Path) -> dict:
