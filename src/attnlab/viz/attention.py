@@ -183,20 +183,26 @@ def sink_share(maps: AttentionMaps, index: int) -> tuple[str, float]:
     return repr(maps.key_tokens[j].strip()), float(mean[j])
 
 
+def finding(maps: AttentionMaps, index: int, layer: int, head: int | None) -> str:
+    """What the drawn weights show, measured: the alignment of a cross-attention map, or where the
+    query's weight goes on average over every head."""
+    if maps.kind == "cross":
+        pairs = ", ".join(f"{q}→{k}" for q, k in alignment(maps, layer, head))
+        return f"Layer {layer}, {head_name(head)}: each target token's strongest link is {pairs}."
+    query = repr(maps.query_tokens[index].strip())
+    sink, share = sink_share(maps, index)
+    return f"Each row sums to 1. Averaged over all heads, {query} puts {share:.0%} of its weight on {sink}."
+
+
 def caption(maps: AttentionMaps, index: int, layer: int, head: int | None) -> str:
+    """The figure's caption: what the panels are, then the finding."""
     who = {"encoder": "every token sees every other", "causal-lm": "only the past is visible, so the upper "
            "triangle is empty", "seq2seq": "the translation model's encoder", "cross": "each target token "
            "(row) attends over the source"}[maps.kind]
     query = repr(maps.query_tokens[index].strip())
-    sink, share = sink_share(maps, index)
-    if maps.kind == "cross":
-        pairs = ", ".join(f"{q}→{k}" for q, k in alignment(maps, layer, head))
-        return (f"Left: the weights of the first target token {query} on each source token, one panel per layer "
-                f"(rows: heads); right: layer {layer}, {head_name(head)}, each target token (row) over the source; "
-                f"its strongest links: {pairs}.")
-    return (f"Left: the weights of {query} on each token, one panel per layer (rows: heads); right: the whole "
-            f"map of layer {layer}, {head_name(head)} ({who}). Each row sums to 1. Averaged over all heads, {query} "
-            f"puts {share:.0%} of its weight on {sink}.")
+    return (f"Left: the weights of {query} on each {'source ' if maps.kind == 'cross' else ''}token, one panel "
+            f"per layer (rows: heads); right: the whole map of layer {layer}, {head_name(head)} ({who}). "
+            + finding(maps, index, layer, head))
 
 
 def draw_attention(maps: AttentionMaps, index: int, layer: int, head: int | None, out) -> None:
@@ -207,7 +213,8 @@ def draw_attention(maps: AttentionMaps, index: int, layer: int, head: int | None
     n_layers, n_heads, t, s = maps.weights.shape
     cols = min(n_layers, 6)
     rows = -(-n_layers // cols)
-    fig = new_figure(min(18.0, 4.5 + 2.0 * cols + 0.18 * s), 2.2 + rows * (0.45 + 0.16 * n_heads))
+    height = max(2.4 + rows * (0.45 + 0.16 * n_heads), 2.4 + 0.22 * t)  # room for the map's T row labels
+    fig = new_figure(min(18.0, 4.5 + 2.0 * cols + 0.18 * s), height)
     left, right = fig.subfigures(1, 2, width_ratios=[cols * (0.6 + 0.15 * s), 4 + 0.12 * s])
     norm = PowerNorm(0.5, vmin=0.0, vmax=1.0)
     axes = left.subplots(rows, cols, squeeze=False)

@@ -140,7 +140,7 @@ def cmd_attention(args) -> None:
     head = head if args.head is None else chosen
     attention.draw_attention(maps, index, layer, head, args.out)
     if args.html:
-        attention_html.write_attention_page(maps, args.html, layer, head, attention.caption(maps, index, layer, head))
+        attention_html.write_attention_page(maps, args.html, layer, head, attention.finding(maps, index, layer, head))
     _done({"model": args.model, "kind": maps.kind, "token": maps.query_tokens[index], "position": index,
            "target": maps.target, "layer": layer, "head": "mean" if head is None else head,
            "top_heads": attention.top_heads(maps, index)}, args.out, args.html)

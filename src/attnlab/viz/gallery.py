@@ -83,7 +83,8 @@ def _attention(ctx: _Context, model: str, name: str, page: bool) -> Made:
     attention.draw_attention(maps, index, layer, head, ctx.out / f"{name}.png")
     html_name = f"{name}.html" if page else None
     if page:
-        attention_html.write_attention_page(maps, ctx.out / html_name, layer, head, cap)
+        attention_html.write_attention_page(maps, ctx.out / html_name, layer, head,
+                                            attention.finding(maps, index, layer, head))
     command = (f'attnlab viz attention --model {model} --text "{SENTENCE}" --token it --head-for animal '
                f'--out {name}.png' + (f" --html {html_name}" if page else ""))
     return Made(f"{name}.png", f"Attention of {model}", cap, command, html_name)
@@ -96,7 +97,8 @@ def _cross(ctx: _Context) -> Made:
     layer, head = attention.sharpest_layer(maps), None
     cap = attention.caption(maps, index, layer, head)
     attention.draw_attention(maps, index, layer, head, ctx.out / "attention-cross.png")
-    attention_html.write_attention_page(maps, ctx.out / "attention-cross.html", layer, head, cap)
+    attention_html.write_attention_page(maps, ctx.out / "attention-cross.html", layer, head,
+                                        attention.finding(maps, index, layer, head))
     return Made("attention-cross.png", "Cross-attention of a translation run", cap,
                 f'attnlab viz attention --model {run} --cross --text "{TRANSLATE}" --out attention-cross.png '
                 f'--html attention-cross.html', "attention-cross.html")
