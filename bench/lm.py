@@ -25,10 +25,21 @@ from attnlab.data.text import TokenStream, read_text, split_text
 from attnlab.models.gpt import GPTConfig
 from attnlab.recipes import get_recipe
 from attnlab.tasks.language_model import TextDataConfig
-from attnlab.tasks.registry import get_task
+from attnlab.models.mamba import MambaConfig
+from attnlab.tasks.registry import load_run, task_of_recipe
 from attnlab.train.checkpoint import load_weights
 
 NANOGPT_VAL_LOSS = 1.88  # nanoGPT README, CPU "baby GPT" after 2,000 iterations
+
+
+def mamba_train_flops_per_token(cfg: MambaConfig) -> float:
+    """Matmul FLOPs of forward + backward (3 × forward) per token of a Mamba: 2 per weight of
+    in_proj (D → 2·Di), x_proj (Di → R + 2N), dt_proj (R → Di), out_proj (Di → D) and the output
+    projection, plus the depthwise convolution (2·Di·K) and the scan's ~6·Di·N (discretise, update,
+    read out); linear in the block length, so no term grows with T."""
+    d, di, n, r, k = cfg.d_model, cfg.d_inner, cfg.d_state, cfg.dt_rank, cfg.d_conv
+    per_layer = 2 * (d * 2 * di + di * (r + 2 * n) + r * di + di * d) + 2 * di * k + 6 * di * n
+    return 3 * (cfg.n_layers * per_layer + 2 * d * cfg.vocab_size)
 
 
 def train_flops_per_token(cfg: GPTConfig, block: int) -> float:
@@ -48,7 +59,7 @@ def nanogpt_estimates(run: Path, draws: int = 50, eval_iters: int = 20) -> dict:
     """nanoGPT's CPU validation estimate (the mean loss of eval_iters random batches of 12 × block
     from the validation text), drawn `draws` times on the final weights: its mean, spread and range,
     to put nanoGPT's single reading beside our one exact pass over the whole validation text."""
-    loaded = get_task("gpt").load(run)
+    loaded = load_run(run)
     model, tokenizer, saved = loaded.model, loaded.tokenizer, loaded.config
     load_weights(model, run / "checkpoint" / "model.safetensors")  # the last step's weights
     data = TextDataConfig.from_dict(saved["data"])
@@ -85,16 +96,19 @@ def main() -> None:
         recipe = get_recipe(name).with_overrides(overrides + ([f"seed={seeds[0]}"] if seeds[0] is not None else []))
         out = Path(args.out) / name
         shutil.rmtree(out, ignore_errors=True)
-        summary = get_task("gpt").train(recipe, out)
+        task = task_of_recipe(recipe)
+        summary = task.train(recipe, out)
         by_seed = {recipe.train.seed: summary["val_loss"]}
         for seed in seeds[1:]:
             other = out.with_name(f"{name}-seed{seed}")
             shutil.rmtree(other, ignore_errors=True)
-            by_seed[seed] = get_task("gpt").train(recipe.with_overrides([f"seed={seed}"]), other)["val_loss"]
-        cfg = GPTConfig.from_dict(json.loads((out / "config.json").read_text())["model"])
+            by_seed[seed] = task.train(recipe.with_overrides([f"seed={seed}"]), other)["val_loss"]
+        cfg = task.model_config.from_dict(json.loads((out / "config.json").read_text())["model"])
         records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
         curves[name] = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
-        gflops = train_flops_per_token(cfg, recipe.data.block_size) * summary["tokens_per_s"] / 1e9
+        flops = (mamba_train_flops_per_token(cfg) if isinstance(cfg, MambaConfig)
+                 else train_flops_per_token(cfg, recipe.data.block_size))
+        gflops = flops * summary["tokens_per_s"] / 1e9
         results[name] = {"parameters": summary["parameters"], "steps": summary["steps"],
                          "val_loss": summary["val_loss"], "best_val_loss": summary["best"],
                          "perplexity": summary["perplexity"], "bits_per_byte": summary.get("bits_per_byte"),
