@@ -13,6 +13,7 @@ import torch
 import attnlab.files as files
 from attnlab.files import (DiskFullError, atomic_directory, atomic_link, committed_directory, recover_directory,
                            remove_temporaries)
+from attnlab.pretrained import resolve
 from attnlab.tensorfile import read_tensors, save_tensors
 from tests.train.crash import run_in_child
 
@@ -55,6 +56,7 @@ def test_between_the_two_renames_the_backup_is_the_committed_version(tmp_path):
     _write_dir(target, OLD)
     assert _killed(run_in_child(lambda: _write_dir(target, NEW), f"moved-aside:{target}", fallback=True))
     assert not target.exists() and committed_directory(target) == tmp_path / ".checkpoint.old"
+    assert resolve(str(target)) == tmp_path / ".checkpoint.old"  # what loaders read until it is recovered
     recover_directory(target)
     assert _content(target) == OLD
 

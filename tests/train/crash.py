@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -30,7 +31,8 @@ TIMINGS = {"elapsed_s", "tokens_per_s", "metrics_bytes", "seconds"}  # differ be
 
 def run_in_child(work: Callable[[], object], crash_at: str | None = None, fallback: bool = False,
                  before: Callable[[int], None] | None = None, timeout: float = 120.0) -> int:
-    """Run work() in a forked child and return its wait status (os.waitpid's).
+    """Run work() in a forked child and return its wait status (os.waitpid's); the child exits with
+    work()'s int result (cli.main's exit code), a SystemExit's code, or 0.
 
     Args:
         crash_at: $ATTNLAB_CRASH_AT for the child: it SIGKILLs itself at that file event.
@@ -47,13 +49,17 @@ def run_in_child(work: Callable[[], object], crash_at: str | None = None, fallba
                 os.environ[files.CRASH_ENV] = crash_at
             if fallback:
                 files._exchange = lambda a, b: False
-            work()
-            code = 0
+            result = work()
+            code = result if isinstance(result, int) else 0  # cli.main returns its exit code
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 1
         except KeyboardInterrupt as e:
             code = 128 + getattr(e, "signum", signal.SIGINT)
         except BaseException:
             traceback.print_exc()
         finally:
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()  # os._exit does not
             os._exit(code)
     if before is not None:
         before(pid)

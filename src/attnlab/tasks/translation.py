@@ -169,8 +169,8 @@ class TranslationTask(Task):
         return ByteLevelBPE.load(path / "tokenizer.json")
 
     def batch_memory(self, model_cfg: Seq2SeqConfig, data_cfg: TranslationDataConfig) -> tuple[str, int, int]:
-        layers = model_cfg.n_encoder_layers + model_cfg.n_decoder_layers
-        return "batch_tokens", data_cfg.batch_tokens, activation_bytes(data_cfg.batch_tokens, model_cfg.d_model, layers)
+        tokens, layers = data_cfg.batch_tokens, model_cfg.n_encoder_layers + model_cfg.n_decoder_layers
+        return "batch_tokens", tokens, activation_bytes(tokens, model_cfg.d_model, layers)
 
     def prepare(self, spec: RunSpec) -> Prepared:
         data_cfg, model_cfg = spec.data_cfg, spec.model_cfg

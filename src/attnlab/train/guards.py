@@ -48,7 +48,7 @@ class StopSignals:
         if self.signum is not None:
             raise TrainingInterrupted(signum)
         self.signum = signum
-        again = "Ctrl-C" if signum == signal.SIGINT else "the signal"
+        again = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
         tqdm.write(f"interrupted ({signal.Signals(signum).name}): finishing this step and writing a checkpoint "
                    f"({again} again to abort)", file=sys.stderr)
 
