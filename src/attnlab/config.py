@@ -35,12 +35,15 @@ def _type_error(name: str, hint, value) -> str | None:
         return None if type(None) in options else f"{name} must not be null"
     for option in options:
         if typing.get_origin(option) is Literal:
-            return None  # the config's check_literals names the allowed values
+            if value in typing.get_args(option):
+                return None
+            continue
         if option is float and isinstance(value, (int, float)) and not isinstance(value, bool):
             return None if math.isfinite(value) else f"{name} must be a finite number, got {value!r}"
         if option in (int, str, bool) and type(value) is option:
             return None
-    names = [o.__name__ for o in options if o is not type(None)]
+    names = [("one of " if len(options) == 1 else "") + ", ".join(map(repr, typing.get_args(o)))
+             if typing.get_origin(o) is Literal else o.__name__ for o in options if o is not type(None)]
     return f"{name} must be {' or '.join(names)}{' or null' if type(None) in options else ''}, got {value!r}"
 
 
