@@ -20,6 +20,16 @@ def tiny_config(**overrides) -> Seq2SeqConfig:
     return Seq2SeqConfig(**{**base, **overrides})
 
 
+@pytest.fixture
+def one_thread():
+    """torch on one intra-op thread for the test: runs compared bit for bit must use the same thread
+    count, and a forked child (tests/train/crash.py) runs on one."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

@@ -10,15 +10,17 @@ Layout (dependencies point down; no import cycles, checked by tests/test_imports
     recipes/      one small file per recipe (model config + data config + TrainConfig); recipe.py: Recipe
     chat.py, embed.py, textstream.py   chat templates, sentence embeddings, streamed decoding
     generate.py, sampling.py           greedy / beam search / KV-cache generation, the sampling chain
-    train/        loop.py (one loop), config.py (TrainConfig), optim.py, losses.py, checkpoint.py,
-                  run_dir.py (what a run directory holds)
+    train/        loop.py (one loop), end_of_run.py, guards.py, config.py (TrainConfig), optim.py,
+                  losses.py, checkpoint.py, state.py (the training state), run_dir.py (what a run
+                  directory holds, its lock)
     interop/      HF directories (GPT family, BERT) and GGUF in; HF out; safetensors directories
     models/       one file per family with its config: seq2seq, gpt, bert, vit; base.py: Model
     nn/           building blocks with plain-int arguments: attention, blocks (TransformerLayer),
                   positional, rope, norm, mlp, moe, kv_cache, masks, linear
     tokenizers/   byte-level BPE (train / encode / decode), pre-tokenizer patterns, tokenizer.json, GGUF
     data/         one module per data kind; datasets.py: where each real data set lives
-    config.py, files.py, jsonfile.py, seeding.py, pretrained.py   config base, atomic writes, JSON,
+    config.py, files.py, jsonfile.py, tensorfile.py, seeding.py, pretrained.py   config base, atomic
+                  writes and crash recovery, JSON, validated safetensors files,
                   seed mixing, named pretrained models located on disk
 """
 from attnlab.models.gpt import GPT, GPTConfig

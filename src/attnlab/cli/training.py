@@ -2,11 +2,22 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
+from pathlib import Path
 
 from attnlab.cli.args import beam, positive_float, positive_int
+from attnlab.files import DiskFullError
 from attnlab.recipes import RECIPES, get_recipe
 from attnlab.tasks.registry import evaluate_run, task_of_recipe
+from attnlab.train.run_dir import has_checkpoint
+
+
+def continue_command(recipe, out: str) -> str:
+    """The command that continues run `out` to the same result: --resume with the run's budget."""
+    budget = "".join(f" --{flag} {value:g}" for flag, value in (("minutes", recipe.train.minutes),
+                                                               ("steps", recipe.train.max_steps)) if value is not None)
+    return f"attnlab train --recipe {recipe.name} --out {out} --resume{budget}"
 
 
 def cmd_train(args) -> None:
@@ -23,10 +34,16 @@ def cmd_train(args) -> None:
     out = args.out or f"runs/{recipe.name}"
     try:
         result = task_of_recipe(recipe).train(recipe, out, resume=args.resume)
-    except KeyboardInterrupt:
-        print(f"attnlab: interrupted; continue with: attnlab train --recipe {recipe.name} --out {out} --resume",
-              file=sys.stderr)
-        raise SystemExit(130) from None
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM (train/guards.py): a checkpoint was written
+        then = f"continue with: {continue_command(recipe, out)}" if has_checkpoint(Path(out)) else \
+            "nothing to resume yet"
+        print(f"attnlab: interrupted; {then}", file=sys.stderr)
+        raise SystemExit(128 + getattr(e, "signum", signal.SIGINT)) from None
+    except DiskFullError as e:
+        if not has_checkpoint(Path(out)):
+            raise
+        raise OSError(f"{e.reason}; temporary files were removed and the last checkpoint is intact: free some "
+                      f"space, then continue with: {continue_command(recipe, out)}") from None
     print(json.dumps(result))
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from attnlab import jsonfile
 from attnlab.files import atomic_directory
@@ -25,6 +24,7 @@ from attnlab.interop.hf_config import gpt_config_from_hf, hf_config_for
 from attnlab.interop.hf_weights import check_tensors, from_hf, normalize, to_hf
 from attnlab.interop.safetensors_dir import INDEX, SINGLE, read_tensors, weight_files
 from attnlab.models.gpt import GPT
+from attnlab.tensorfile import write_tensors
 
 # What save_hf writes; an existing out_dir holding anything else is not replaced.
 _HF_FILES = {"config.json", SINGLE, INDEX, "tokenizer.json", "tokenizer_config.json", "generation_config.json"}
@@ -128,8 +128,8 @@ def save_hf(model: GPT, out_dir, tokenizer=None) -> None:
     tensors = {k: v.cpu() for k, v in to_hf(hf["architectures"][0], state, cfg.tie_embeddings).items()}
     out = Path(out_dir)
     check_replaceable(out)
-    with atomic_directory(out) as tmp:
-        save_file(tensors, str(tmp / SINGLE), metadata={"format": "pt"})
+    with atomic_directory(out, need=sum(t.numel() * t.element_size() for t in tensors.values())) as tmp:
+        write_tensors(tmp / SINGLE, tensors, {"format": "pt"})
         jsonfile.write_json_atomic(tmp / "config.json", hf)
         if tokenizer is not None:
             tokenizer.save(tmp / "tokenizer.json")

@@ -18,7 +18,6 @@ import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from attnlab.data.wordpiece import load_wordpiece
 from attnlab.files import atomic_directory
@@ -26,6 +25,7 @@ from attnlab.interop.safetensors_dir import read_safetensors_dir
 from attnlab.jsonfile import read_json
 from attnlab.models.bert import Bert, BertConfig
 from attnlab.pretrained import resolve
+from attnlab.tensorfile import write_tensors
 
 _ACTS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
 _LAYER = {"attention.self.query": "self_attn.q_proj", "attention.self.key": "self_attn.k_proj",
@@ -135,9 +135,9 @@ def save_bert_hf(model: Bert, out_dir: str | Path, tokenizer_json: str | Path | 
     transformers' BertModel / BertForMaskedLM / BertForSequenceClassification load; atomically
     (files.atomic_directory)."""
     out = Path(out_dir)
-    with atomic_directory(out) as tmp:
-        tensors = {ours_to_hf(k): v.detach().contiguous().clone() for k, v in model.state_dict().items()}
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    tensors = {ours_to_hf(k): v.detach().contiguous().clone() for k, v in model.state_dict().items()}
+    with atomic_directory(out, need=sum(t.numel() * t.element_size() for t in tensors.values())) as tmp:
+        write_tensors(tmp / "model.safetensors", tensors, {"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(bert_hf_config(model.cfg), indent=2))
         if tokenizer_json is not None:
             shutil.copyfile(tokenizer_json, tmp / "tokenizer.json")

@@ -38,7 +38,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from attnlab import jsonfile
 from attnlab.files import atomic_directory
@@ -46,6 +45,7 @@ from attnlab.interop.hf import check_replaceable, tokenizer_config
 from attnlab.interop.safetensors_dir import SINGLE, read_tensors, weight_files
 from attnlab.interop.hf_weights import check_tensors
 from attnlab.models.mamba import Mamba, MambaConfig
+from attnlab.tensorfile import write_tensors
 
 ARCHITECTURE, MODEL_TYPE = "MambaForCausalLM", "mamba"
 # transformers 5.24's MambaConfig defaults for the fields read here when config.json leaves them out.
@@ -199,8 +199,8 @@ def save_mamba_hf(model: Mamba, out_dir, tokenizer=None) -> None:
     tensors = {k: v.cpu() for k, v in to_hf(model.state_dict(), cfg.tie_embeddings).items()}
     out = Path(out_dir)
     check_replaceable(out)
-    with atomic_directory(out) as tmp:
-        save_file(tensors, str(tmp / SINGLE), metadata={"format": "pt"})
+    with atomic_directory(out, need=sum(t.numel() * t.element_size() for t in tensors.values())) as tmp:
+        write_tensors(tmp / SINGLE, tensors, {"format": "pt"})
         jsonfile.write_json_atomic(tmp / "config.json", hf_mamba_config(cfg, model.embed_tokens.weight.dtype))
         if tokenizer is not None:
             tokenizer.save(tmp / "tokenizer.json")

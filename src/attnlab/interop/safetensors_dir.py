@@ -4,9 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
-from attnlab import jsonfile
+from attnlab import jsonfile, tensorfile
 
 SINGLE, INDEX = "model.safetensors", "model.safetensors.index.json"
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle", ".bin.index.json")
@@ -58,14 +57,12 @@ def read_tensors(files: list[Path]) -> dict[str, torch.Tensor]:
     """All tensors of one or more safetensors files (CPU).
 
     Raises:
-        ValueError: naming a file that is not readable safetensors, or a tensor held by two shards.
+        ValueError: naming a file that is not readable safetensors, is damaged (checksum, non-finite
+            values: tensorfile.read_tensors), or a tensor held by two shards.
     """
     tensors: dict[str, torch.Tensor] = {}
     for path in files:
-        try:
-            part = load_file(str(path))
-        except Exception as e:  # safetensors raises its own error types for a bad header
-            raise ValueError(f"{path} is not a readable safetensors file ({e})") from None
+        part = tensorfile.read_tensors(path)
         twice = sorted(tensors.keys() & part.keys())
         if twice:
             raise ValueError(f"tensor(s) {twice[:5]} appear in more than one shard (again in {path.name})")

@@ -24,8 +24,10 @@ from attnlab.config import Config
 from attnlab.models.base import Model
 from attnlab.train.checkpoint import load_weights
 from attnlab.train.config import TrainConfig
+from attnlab.train.guards import check_batch_memory
 from attnlab.train.loop import Trainer
-from attnlab.train.run_dir import check_model_dir, check_out_dir, check_resume_recipe, read_run_config, start_run_dir
+from attnlab.train.run_dir import (check_model_dir, check_out_dir, check_resume_recipe, read_run_config, run_lock,
+                                   start_run_dir)
 
 log = logging.getLogger("attnlab")
 
@@ -125,6 +127,12 @@ class Task:
         """
         raise ValueError(f"a {self.model_type} model has no Hugging Face export")
 
+    def batch_memory(self, model_cfg: Config, data_cfg: Config) -> tuple[str, int, int] | None:
+        """(the data setting that sizes a micro-batch, the tokens — or patches — in one, a lower bound
+        on their activation bytes: guards.activation_bytes), checked before anything is allocated;
+        None to skip the check."""
+        return None
+
     def build_model(self, cfg: Config) -> Model:
         return self.model_class(cfg)
 
@@ -145,15 +153,23 @@ class Task:
 
     def _settings(self, out: Path, recipe, resume: bool) -> RunSpec:
         """A resumed run takes its own saved settings (after checking its recipe), with the budgets
-        (totals) of recipe.train; a new run takes the recipe's. Sets torch's threads when named."""
+        (totals) of recipe.train; a new run takes the recipe's. Refuses a batch that cannot fit in
+        memory (batch_memory) before anything is allocated. Sets torch's threads when named."""
         check_out_dir(out, resume)
         if resume:
             saved, model_cfg, data_cfg, saved_train = self.read_config(out)
             check_resume_recipe(saved, recipe.name, out)
-            train_cfg = TrainConfig.from_dict({**saved_train, "max_steps": recipe.train.max_steps,
-                                               "minutes": recipe.train.minutes})
+            try:
+                train_cfg = TrainConfig.from_dict({**saved_train, "max_steps": recipe.train.max_steps,
+                                                   "minutes": recipe.train.minutes})
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"{out / 'config.json'}: {e}") from None
         else:
             saved, model_cfg, data_cfg, train_cfg = None, recipe.model, recipe.data, recipe.train
+        sized = self.batch_memory(model_cfg, data_cfg)
+        if sized is not None:
+            field_name, tokens, need = sized
+            check_batch_memory(field_name, getattr(data_cfg, field_name), tokens, need)
         if train_cfg.threads:
             torch.set_num_threads(train_cfg.threads)
         return RunSpec(out, resume, recipe.name, model_cfg, data_cfg, train_cfg, saved)
@@ -163,7 +179,8 @@ class Task:
 
         A new run checks every setting (prepare builds the tokenizer, data and objective; then the
         model is built) before it writes config.json and the tokenizer; a resumed run continues from
-        out/checkpoint/ with its saved settings, and recipe.train's budgets apply as totals.
+        out/checkpoint/ with its saved settings, and recipe.train's budgets apply as totals. The run
+        directory is written under its lock (run_dir.run_lock): one writer at a time.
 
         Returns:
             the final validation record with "best", "best_step", "parameters", "steps" and the
@@ -171,6 +188,8 @@ class Task:
         Raises:
             FileExistsError / FileNotFoundError: for an `out` that cannot be used (run_dir.check_out_dir),
                 DatasetNotFoundError: for missing data. ValueError: for an invalid setting.
+            run_dir.RunDirInUse: when another process is training into `out`.
+            files.DiskFullError, FloatingPointError (training diverged), guards.TrainingInterrupted.
         """
         out = Path(out)
         spec = self._settings(out, recipe, resume)
@@ -179,14 +198,16 @@ class Task:
         model = self.build_model(prepared.model_cfg)
         if prepared.init_state is not None and not resume:
             model.load_state_dict({**model.state_dict(), **prepared.init_state})
-        if not resume:  # every setting has been checked: now the run directory is written
-            start_run_dir(out, {"model_type": self.model_type, "recipe": recipe.name, **prepared.run_info,
-                                "model": prepared.model_cfg.to_dict(), "data": spec.data_cfg.to_dict(),
-                                "train": spec.train_cfg.to_dict()})
-            prepared.save_files(out)
-        log.info("model: %.2fM parameters%s", model.num_parameters() / 1e6,
-                 f"; {prepared.summary}" if prepared.summary else "")
-        return fit(model, prepared.objective, spec.train_cfg, out, resume, self.rate_key)
+        with run_lock(out):
+            check_out_dir(out, resume)  # again: another process may have started a run here meanwhile
+            if not resume:  # every setting has been checked: now the run directory is written
+                start_run_dir(out, {"model_type": self.model_type, "recipe": recipe.name, **prepared.run_info,
+                                    "model": prepared.model_cfg.to_dict(), "data": spec.data_cfg.to_dict(),
+                                    "train": spec.train_cfg.to_dict()})
+                prepared.save_files(out)
+            log.info("model: %.2fM parameters%s", model.num_parameters() / 1e6,
+                     f"; {prepared.summary}" if prepared.summary else "")
+            return fit(model, prepared.objective, spec.train_cfg, out, resume, self.rate_key)
 
     def load(self, path: str | Path) -> Run:
         """Load a trained run directory (config.json, model.safetensors and the tokenizer).

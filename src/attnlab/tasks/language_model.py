@@ -22,6 +22,8 @@ from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.seeding import mix_seed
 from attnlab.tasks.base import Prepared, Run, RunSpec, Task
 from attnlab.tokenizers import ByteLevelBPE
+from attnlab.train.guards import activation_bytes
+from attnlab.train.losses import perplexity
 
 log = logging.getLogger("attnlab")
 
@@ -123,7 +125,7 @@ class LanguageModelObjective:
             if self.token_bytes is not None:
                 n_bytes += int(self.token_bytes[y].sum())
         loss = total / count
-        record = {"val_loss": round(loss, 4), "perplexity": round(math.exp(loss), 3), "val_tokens": count}
+        record = {"val_loss": round(loss, 4), "perplexity": round(perplexity(loss), 3), "val_tokens": count}
         if n_bytes:
             record["bits_per_byte"] = round(total / math.log(2) / n_bytes, 4)
         return record
@@ -151,6 +153,10 @@ class LanguageModelTask(Task):
         """The family's Hugging Face directory: LLaMA / Mistral / Qwen2 / Mixtral / GPT-2 for a GPT
         (interop/hf.py), MambaForCausalLM for a Mamba (interop/hf_mamba.py)."""
         self.export(model, out, tokenizer)
+
+    def batch_memory(self, model_cfg, data_cfg: TextDataConfig) -> tuple[str, int, int]:
+        tokens = data_cfg.batch_size * data_cfg.block_size
+        return "batch_size", tokens, activation_bytes(tokens, model_cfg.d_model, model_cfg.n_layers)
 
     def prepare(self, spec: RunSpec) -> Prepared:
         model_cfg, data_cfg = spec.model_cfg, spec.data_cfg

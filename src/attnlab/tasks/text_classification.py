@@ -7,7 +7,6 @@ Shape legend: B sentences, S tokens, V vocabulary, C classes.
 from __future__ import annotations
 
 import logging
-import math
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,8 @@ from attnlab.models.bert import Bert, BertConfig
 from attnlab.pretrained import NAMED
 from attnlab.seeding import mix_seed
 from attnlab.tasks.base import Prepared, Run, RunSpec, Task
+from attnlab.train.guards import activation_bytes
+from attnlab.train.losses import perplexity
 from attnlab.train.run_dir import is_run_dir
 
 log = logging.getLogger("attnlab")
@@ -125,7 +126,7 @@ class MaskedLMObjective:
             correct += int((logits.argmax(-1) == labels[chosen]).sum())
             count += int(chosen.sum())
         loss = total / max(count, 1)
-        return {"mlm_loss": round(loss, 4), "mlm_perplexity": round(math.exp(min(loss, 50)), 2),
+        return {"mlm_loss": round(loss, 4), "mlm_perplexity": round(perplexity(loss), 2),
                 "mlm_accuracy": round(correct / max(count, 1), 4), "n": count}
 
 
@@ -207,6 +208,10 @@ class BertTask(Task):
         state = {k: v for k, v in model.state_dict().items() if not k.startswith("classifier.")}
         log.info("initialised from %s", init)
         return cfg, tok, source, state
+
+    def batch_memory(self, model_cfg: BertConfig, data_cfg: TextClassificationDataConfig) -> tuple[str, int, int]:
+        tokens = data_cfg.batch_size * data_cfg.max_len
+        return "batch_size", tokens, activation_bytes(tokens, model_cfg.d_model, model_cfg.n_layers)
 
     def prepare(self, spec: RunSpec) -> Prepared:
         data_cfg, seed = spec.data_cfg, spec.train_cfg.seed

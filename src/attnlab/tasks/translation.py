@@ -6,7 +6,6 @@ Shape legend: B sentences, S source length, T target length, D model dim, V voca
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,8 @@ from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
 from attnlab.seeding import mix_seed
 from attnlab.tasks.base import Prepared, Run, RunSpec, Task
 from attnlab.tokenizers import ByteLevelBPE
-from attnlab.train.losses import label_smoothed_cross_entropy
+from attnlab.train.guards import activation_bytes
+from attnlab.train.losses import label_smoothed_cross_entropy, perplexity
 
 log = logging.getLogger("attnlab")
 SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>"]
@@ -155,7 +155,7 @@ class TranslationObjective:
         k = min(self.data_cfg.eval_bleu_sentences, len(self.val))
         hyps = decode_corpus(model, self.tokenizer, self.val.src[:k])
         nll = total / max(count, 1)
-        return {"val_loss": round(nll, 4), "val_ppl": round(math.exp(min(nll, 50)), 2),
+        return {"val_loss": round(nll, 4), "val_ppl": round(perplexity(nll), 2),
                 "val_bleu": round(corpus_bleu(hyps, self.val_refs[:k]), 2)}
 
 
@@ -171,6 +171,10 @@ class TranslationTask(Task):
 
     def load_tokenizer(self, path: Path) -> ByteLevelBPE:
         return ByteLevelBPE.load(path / "tokenizer.json")
+
+    def batch_memory(self, model_cfg: Seq2SeqConfig, data_cfg: TranslationDataConfig) -> tuple[str, int, int]:
+        tokens, layers = data_cfg.batch_tokens, model_cfg.n_encoder_layers + model_cfg.n_decoder_layers
+        return "batch_tokens", tokens, activation_bytes(tokens, model_cfg.d_model, layers)
 
     def prepare(self, spec: RunSpec) -> Prepared:
         data_cfg, model_cfg = spec.data_cfg, spec.model_cfg

@@ -21,6 +21,7 @@ from attnlab.data.images import SPLIT_SEED, load_images, normalization, normaliz
 from attnlab.models.vit import ViTConfig, VisionTransformer
 from attnlab.seeding import mix_seed
 from attnlab.tasks.base import Prepared, Run, RunSpec, Task
+from attnlab.train.guards import activation_bytes
 
 
 @dataclass
@@ -149,6 +150,10 @@ class VisionTask(Task):
         if not isinstance(norm, dict) or not {"mean", "std"} <= set(norm):
             raise ValueError(f"{path / 'config.json'}: missing section 'normalization' with mean and std")
         return saved, model_cfg, data_cfg, train
+
+    def batch_memory(self, model_cfg: ViTConfig, data_cfg: ImageDataConfig) -> tuple[str, int, int]:
+        patches = data_cfg.batch_size * (model_cfg.grid ** 2 + 1)  # + the [class] token of each image
+        return "batch_size", patches, activation_bytes(patches, model_cfg.d_model, model_cfg.n_layers)
 
     def prepare(self, spec: RunSpec) -> Prepared:
         model_cfg, data_cfg = spec.model_cfg, spec.data_cfg

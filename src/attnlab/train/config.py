@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Optional
 
-from attnlab.config import Config, check, check_literals
+from attnlab.config import Config, check, check_finite, check_literals
 
 
 @dataclass
@@ -39,6 +39,7 @@ class TrainConfig(Config):
 
     def __post_init__(self):
         check_literals(self)
+        check_finite(self)  # lr=inf would turn every weight into NaN
         for name in ("warmup_steps", "eval_every", "log_every", "checkpoint_every"):
             check(getattr(self, name) > 0, name, "> 0", getattr(self, name))
         for name in ("beta1", "beta2"):

@@ -6,25 +6,34 @@ deterministic list of batches for that epoch), `loss(model, batch) -> (loss, n_t
 `higher_is_better` (default True). The loop owns the
 optimiser and schedule, gradient accumulation (token-weighted) and clipping, the budgets, logging (progress bar on
 stderr, metrics.jsonl), checkpoints, resuming, keeping the best weights and averaging the last ones.
+
+Crash safety: a fresh run writes a checkpoint of step 0 before anything else, so a run directory
+always has a state to resume from; a resume first puts the directory back in the state its
+checkpoint describes (run_dir.align_with_checkpoint) and then replays the same steps, so any kill
+resumes to exactly the uninterrupted result; the end of the run is a sequence of recorded stages
+(train/end_of_run.py). Non-finite losses or weights stop training before anything is written.
 """
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
+from attnlab.files import DiskFullError
+from attnlab.train.checkpoint import load_training_state, save_training_state, save_weights
 from attnlab.train.config import TrainConfig
-from attnlab.train.checkpoint import load_training_state, load_weights, save_training_state, save_weights
+from attnlab.train.end_of_run import finish
+from attnlab.train.guards import StopSignals, TrainingInterrupted, check_finite_weights
 from attnlab.train.optim import build_optimizer, cosine_lr, noam_lr, set_lr
-from attnlab.train.run_dir import CHECKPOINT_DIR, SNAPSHOT_DIR
+from attnlab.train.run_dir import CHECKPOINT_DIR, align_with_checkpoint, take_snapshot
+from attnlab.train.state import new_state
 
 log = logging.getLogger("attnlab")
 
@@ -48,21 +57,6 @@ def autocast_context(kind: str):
     return contextlib.nullcontext()
 
 
-def average_snapshots(model: torch.nn.Module, paths: list[Path]) -> None:
-    """Set model's parameters to the mean of the safetensors weights at `paths` (Vaswani et al. 2017,
-    §6.1: the base model averages the last 5 checkpoints)."""
-    total = None
-    for p in paths:
-        load_weights(model, p)
-        sd = {k: v.detach().clone().double() for k, v in model.state_dict().items()}
-        total = sd if total is None else {k: total[k] + sd[k] for k in total}
-    model.load_state_dict({k: (v / len(paths)).float() for k, v in total.items()})
-
-
-def _main_thread() -> bool:
-    return threading.current_thread() is threading.main_thread()
-
-
 class Trainer:
     """Trains `model` on `task` under `cfg`, writing into run directory `out`.
 
@@ -75,21 +69,45 @@ class Trainer:
     def __init__(self, model: torch.nn.Module, task, cfg: TrainConfig, out: Path, d_model: int):
         self.model, self.task, self.cfg, self.out, self.d_model = model, task, cfg, Path(out), d_model
         self.optimizer = build_optimizer(model, 0.0, (cfg.beta1, cfg.beta2), cfg.eps, cfg.weight_decay)
-        self._interrupted = False
-        self.state = {"step": 0, "epoch": 0, "position": 0, "elapsed_s": 0.0, "tokens": 0,
-                      "best": None, "best_step": None, "last_eval": None}
+        self.signals = StopSignals()
+        self.state = new_state()
+        self._resumed = False
 
     def log(self, record: dict) -> None:
-        with open(self.out / "metrics.jsonl", "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+        """Append `record` to metrics.jsonl (a resume cuts what came after its checkpoint).
+
+        Raises:
+            files.DiskFullError: when the device is full.
+        """
+        line = json.dumps(record) + "\n"
+        try:
+            with open(self.out / "metrics.jsonl", "a", encoding="utf-8") as f:
+                f.write(line)
+        except OSError as e:
+            if e.errno == errno.ENOSPC:
+                raise DiskFullError(self.out, len(line)) from None
+            raise
 
     def resume(self) -> None:
-        """Continue from the run directory's checkpoint (weights, optimiser, step, data position, RNG)."""
-        self.state = load_training_state(self.out / CHECKPOINT_DIR, self.model, self.optimizer)
-        self.state.pop("optimizer", None)
+        """Continue from the run directory's checkpoint (weights, optimiser, step, data position, RNG),
+        after putting the directory back in the state the checkpoint describes."""
+        state = load_training_state(self.out / CHECKPOINT_DIR, self.model, self.optimizer)
+        state.pop("optimizer", None)
+        align_with_checkpoint(self.out, state)
+        self.state, self._resumed = state, True
 
-    def checkpoint(self) -> None:
-        save_training_state(self.out / CHECKPOINT_DIR, self.model, self.optimizer, self.state)
+    def checkpoint(self, snapshot: bool = False) -> None:
+        """Write the checkpoint; with `snapshot`, also keep its weights among the last
+        cfg.average_last snapshots (listed in the state before the checkpoint, linked after it)."""
+        s = self.state
+        if snapshot:
+            s["snapshots"] = sorted(set(s["snapshots"]) | {s["step"]})[-self.cfg.average_last:]
+        metrics = self.out / "metrics.jsonl"
+        s["metrics_bytes"] = metrics.stat().st_size if metrics.is_file() else 0
+        best = self.out / "model.safetensors" if s["best"] is not None else None
+        save_training_state(self.out / CHECKPOINT_DIR, self.model, self.optimizer, s, best)
+        if snapshot:
+            take_snapshot(self.out, s["step"], s["snapshots"])
 
     def elapsed(self) -> float:
         """Seconds of training so far, across resumes."""
@@ -112,21 +130,13 @@ class Trainer:
         sign = 1 if getattr(self.task, "higher_is_better", True) else -1
         improved = s["best"] is None or sign * value > sign * s["best"]
         if improved:
-            s["best"], s["best_step"] = value, s["step"]
             save_weights(self.model, self.out / "model.safetensors")
+            s["best"], s["best_step"] = value, s["step"]
         record = {"step": s["step"], "epoch": s["epoch"], "elapsed_s": round(self.elapsed(), 1), **metrics,
                   **extra, "best": s["best"]}
         self.log(record)
         s["last_eval"] = record
         return record
-
-    def _snapshot(self) -> None:
-        """Keep the weights of the last cfg.average_last checkpoints, for averaging at the end."""
-        snaps = self.out / SNAPSHOT_DIR
-        snaps.mkdir(exist_ok=True)
-        save_weights(self.model, snaps / f"step_{self.state['step']:08d}.safetensors")
-        for old in sorted(snaps.glob("step_*.safetensors"))[:-self.cfg.average_last]:
-            old.unlink()
 
     def _train_step(self, micro_batches: list) -> tuple[float, int]:
         """One optimizer step over cfg.grad_accum_steps micro-batches.
@@ -142,7 +152,8 @@ class Trainer:
         Returns:
             (the window's mean loss per counted item, the count).
         Raises:
-            FloatingPointError: when a loss is not finite (nothing is updated).
+            FloatingPointError: when a loss is not finite (nothing is updated), or when the update
+                left a weight non-finite (guards.check_finite_weights); nothing is written.
         """
         s, cfg = self.state, self.cfg
         lr = learning_rate(cfg, s["step"] + 1, self.d_model)
@@ -167,40 +178,54 @@ class Trainer:
         if cfg.clip_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_grad_norm)
         self.optimizer.step()
+        check_finite_weights(self.model, s["step"] + 1)
         s["step"] += 1
         s["tokens"] += n_tokens
         return total * scale, n_tokens
 
     def fit(self) -> dict:
-        """Train until a budget (cfg.max_steps, cfg.minutes) runs out, then evaluate, checkpoint and
-        (cfg.average_last) try the average of the last snapshots. Ctrl-C finishes the current step and
-        writes a checkpoint, then raises KeyboardInterrupt; a second Ctrl-C aborts at once.
+        """Train until a budget (cfg.max_steps, cfg.minutes) runs out, then run the end-of-run sequence
+        (end_of_run.finish: final evaluation, checkpoint, average of the last snapshots). Ctrl-C or
+        SIGTERM finishes the current step, writes a checkpoint and raises TrainingInterrupted (a
+        KeyboardInterrupt); a second one aborts at once.
 
         Returns:
             the final evaluation record, with "best" and "best_step".
+        Raises:
+            FloatingPointError: training diverged (guards). files.DiskFullError. ValueError: a
+                checkpoint whose data position does not fit the data.
         """
-        cfg, s = self.cfg, self.state
+        s = self.state
         self.out.mkdir(parents=True, exist_ok=True)
         self.model.train()
         self._clock = time.perf_counter()
-        if not self._budget_left() and s["last_eval"] is not None:  # a finished run, resumed
-            log.info("the run already finished at step %d (%.0f s); raise --steps or --minutes to train longer",
-                     s["step"], s["elapsed_s"])
-            return {**s["last_eval"], "best": s["best"], "best_step": s["best_step"]}
-        window_t, window_tok, last_eval = time.perf_counter(), 0, s["step"]
+        with self.signals:
+            if not self._resumed:
+                self._save()  # step 0: from here on there is always a checkpoint to resume from
+            if s["end"] == "done" and not self._budget_left():
+                log.info("the run already finished at step %d (%.0f s); raise --steps or --minutes to train longer",
+                         s["step"], s["elapsed_s"])
+                return {**s["last_eval"], "best": s["best"], "best_step": s["best_step"]}
+            if self._budget_left():
+                s["end"] = None
+                self._train()
+            return finish(self)
+
+    def _train(self) -> None:
+        cfg, s = self.cfg, self.state
+        window_t, window_tok = time.perf_counter(), 0
         bar = tqdm(total=cfg.max_steps, initial=s["step"], unit="step", dynamic_ncols=True, leave=False,
                    mininterval=2.0)
-        self._interrupted = False
-        previous = signal.signal(signal.SIGINT, self._on_interrupt) if _main_thread() else None
         try:
             while self._budget_left():
                 batches = self.task.batches(s["epoch"])
+                if not 0 <= s["position"] <= len(batches):
+                    raise ValueError(f"{self.out / CHECKPOINT_DIR / 'state.json'}: position must be in "
+                                     f"0..{len(batches)} (the batches of epoch {s['epoch']}), got {s['position']}")
                 while s["position"] < len(batches) and self._budget_left():
                     group = batches[s["position"]:s["position"] + cfg.grad_accum_steps]
                     loss, n = self._train_step(group)
                     s["position"] += len(group)
-                    if self._interrupted:  # Ctrl-C: the step is complete, so the checkpoint is exact
-                        raise KeyboardInterrupt
                     window_tok += n
                     bar.update(1)
                     if s["step"] % cfg.log_every == 0:
@@ -213,46 +238,21 @@ class Trainer:
                                   "elapsed_s": round(self.elapsed(), 1)})
                         window_t, window_tok = now, 0
                     if s["step"] % cfg.eval_every == 0:
-                        record = self._evaluate()
-                        last_eval = s["step"]
-                        bar.write(json.dumps(record), file=sys.stderr)
+                        bar.write(json.dumps(self._evaluate()), file=sys.stderr)
                         window_t, window_tok = time.perf_counter(), 0  # keep eval time out of tokens/s
-                    if s["step"] % cfg.checkpoint_every == 0:
-                        self._save()
-                        if cfg.average_last:
-                            self._snapshot()
+                    saved = s["step"] % cfg.checkpoint_every == 0
+                    if saved:
+                        self._save(snapshot=bool(cfg.average_last))
+                    if self.signals.signum is not None:  # the step and its evaluation are complete: exact
+                        if not saved:
+                            self._save()
+                        raise TrainingInterrupted(self.signals.signum)
                 if s["position"] >= len(batches):
                     s["epoch"], s["position"] = s["epoch"] + 1, 0
-        except KeyboardInterrupt:
-            self._save()
-            raise
         finally:
             bar.close()
-            if previous is not None:
-                signal.signal(signal.SIGINT, previous)
-        record = self._evaluate() if last_eval != s["step"] or s["last_eval"] is None else s["last_eval"]
-        self._save()
-        if cfg.average_last:
-            self._snapshot()
-        record = self._try_average() or record
-        return {**record, "best": s["best"], "best_step": s["best_step"]}
 
-    def _on_interrupt(self, signum, frame) -> None:
-        if self._interrupted:  # a second Ctrl-C stops at once (the last checkpoint stays valid)
-            raise KeyboardInterrupt
-        self._interrupted = True
-        tqdm.write("interrupted: finishing this step and writing a checkpoint (Ctrl-C again to abort)")
-
-    def _save(self) -> None:
+    def _save(self, snapshot: bool = False) -> None:
         self.state["elapsed_s"] = self.elapsed()
         self._clock = time.perf_counter()
-        self.checkpoint()
-
-    def _try_average(self) -> dict | None:
-        snaps = sorted((self.out / SNAPSHOT_DIR).glob("step_*.safetensors")) if self.cfg.average_last else []
-        if len(snaps) < 2:
-            return None
-        average_snapshots(self.model, snaps)
-        record = self._evaluate(averaged=[p.stem for p in snaps])
-        load_training_state(self.out / CHECKPOINT_DIR, self.model, self.optimizer)  # back to the last weights
-        return record
+        self.checkpoint(snapshot)

@@ -4,8 +4,19 @@ Shape legend: N positions, V vocabulary.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
+
+
+MAX_PERPLEXITY_NLL = 50.0  # nats: a diverged model's perplexity is reported as e^50 (≈ 5.2e21)
+
+
+def perplexity(nll: float) -> float:
+    """exp(nll) with nll capped at MAX_PERPLEXITY_NLL, so that a diverged model's record stays a finite
+    JSON number (exp overflows past 709 nats)."""
+    return math.exp(min(nll, MAX_PERPLEXITY_NLL))
 
 
 def label_smoothed_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, epsilon: float,

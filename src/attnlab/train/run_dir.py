@@ -1,38 +1,89 @@
-"""Run directories: what a new run may overwrite, the saved config.json, and the files a trained model
-directory must hold. Shared by every task (tasks/base.py) and the loop.
+"""Run directories: what a new run may overwrite, its one writer (a lock), the saved config.json, the
+files a trained model directory must hold, and putting a resumed run directory back in the state
+its checkpoint describes. Shared by every task (tasks/base.py) and the loop.
 
 A run directory holds config.json ({"model_type", "recipe", "model", "data", "train", and a task's
-own entries}), model.safetensors (best weights), tokenizer.json (tasks with text), metrics.jsonl and
-checkpoint/ (for --resume), snapshots/ when the last checkpoints are averaged.
+own entries}), model.safetensors (best weights), tokenizer.json (tasks with text), metrics.jsonl,
+checkpoint/ (for --resume, train/checkpoint.py), snapshots/ when the last checkpoints are averaged,
+and .lock (held by the process training into it).
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
 from pathlib import Path
+from typing import Iterator
 
+from attnlab.files import atomic_link, committed_directory, remove_temporaries
 from attnlab.jsonfile import read_json, write_json_atomic
+from attnlab.train.checkpoint import BEST_FILE, read_state
 
 CHECKPOINT_DIR = "checkpoint"   # resumable state inside a run directory
 SNAPSHOT_DIR = "snapshots"      # weights of the last checkpoints, for averaging
+LOCK_FILE = ".lock"             # flock'ed by the one process that writes the run directory
+
+
+class RunDirInUse(OSError):
+    """Another process holds the run directory's lock (str(): one line naming it)."""
+
+
+@contextlib.contextmanager
+def run_lock(out: Path) -> Iterator[None]:
+    """Hold the exclusive lock of run directory `out` (created if missing): fcntl.flock on out/.lock,
+    which the OS releases when the process ends, even by kill -9, so no stale lock outlives a run.
+
+    Raises:
+        RunDirInUse: at once, naming the directory and the process holding it.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            raise RunDirInUse(f"{out} is being written by another training (process {holder}); wait for it to end "
+                              f"or choose another --out") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def has_checkpoint(out: Path) -> bool:
+    """Whether `out` holds a resumable checkpoint (also one a crash left aside mid-replacement)."""
+    folder = committed_directory(out / CHECKPOINT_DIR)
+    return folder is not None and (folder / "state.json").is_file()
 
 
 def has_run(out: Path) -> bool:
     """Whether `out` holds trained weights or a resumable checkpoint (the things a rerun would lose)."""
-    return (out / CHECKPOINT_DIR / "state.json").is_file() or (out / "model.safetensors").is_file()
+    return has_checkpoint(out) or (out / "model.safetensors").is_file()
 
 
 def check_out_dir(out: Path, resume: bool) -> None:
     """Refuse an `out` that is a file, one that already holds a run (without resume), or a resume
-    with nothing to resume.
+    with nothing to resume; each message says what works instead.
 
     Raises:
         FileExistsError, FileNotFoundError: saying what to do instead.
     """
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"--out {out} is a file, not a run directory")
-    if resume and not (out / CHECKPOINT_DIR / "state.json").is_file():
-        raise FileNotFoundError(f"nothing to resume: {out / CHECKPOINT_DIR} has no checkpoint")
-    if not resume and has_run(out):
+    weights = (out / "model.safetensors").is_file()
+    if resume and not has_checkpoint(out):
+        if weights:
+            raise FileNotFoundError(f"nothing to resume: {out} holds trained weights but no {CHECKPOINT_DIR}/; choose "
+                                    f"another --out, or delete {out} to train it again")
+        started = " (the run stopped before its first checkpoint)" if (out / "config.json").is_file() else ""
+        raise FileNotFoundError(f"nothing to resume: {out} has no checkpoint{started}; start it without --resume")
+    if not resume and has_checkpoint(out):
         raise FileExistsError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
+    if not resume and weights:
+        raise FileExistsError(f"{out} holds trained weights (model.safetensors) but no {CHECKPOINT_DIR}/ to resume "
+                              f"from; choose another --out, or delete {out} to train it again")
 
 
 def check_resume_recipe(saved: dict, recipe_name: str, out: Path) -> None:
@@ -65,24 +116,98 @@ def is_run_dir(path: Path) -> bool:
     return isinstance(read_json(path / "config.json").get("model"), dict)
 
 
+def _missing_weights_advice(path: Path) -> str | None:
+    """What to do about a run directory whose model.safetensors is missing, when its checkpoint can
+    help (None otherwise)."""
+    folder = committed_directory(path / CHECKPOINT_DIR)
+    if folder is None or not (folder / "state.json").is_file():
+        return None
+    try:
+        state, recipe = read_state(folder), read_json(path / "config.json").get("recipe") or "RECIPE"
+    except (OSError, ValueError) as e:
+        return f"{path} has no model.safetensors and its checkpoint is unreadable ({e})"
+    resume = f"attnlab train --recipe {recipe} --out {path} --resume"
+    if state["best"] is None:
+        return (f"{path} has no evaluated weights yet (model.safetensors is written at the first evaluation); "
+                f"continue training it with: {resume}")
+    if (folder / BEST_FILE).is_file():
+        budget = f" --steps {state['step']}" if state["end"] == "done" else ""
+        return f"{path}/model.safetensors is missing; restore it from the checkpoint with: {resume}{budget}"
+    return (f"{path}/model.safetensors is missing and its checkpoint holds no copy of the best weights (a run from "
+            f"an older attnlab); the last weights (step {state['step']}) are in {folder}/model.safetensors")
+
+
 def check_model_dir(path: Path, files: tuple[str, ...] = ("config.json", "model.safetensors", "tokenizer.json")
                     ) -> None:
     """Raise FileNotFoundError naming what is missing unless `path` is a trained model directory
-    holding `files`."""
+    holding `files`; for missing weights that the checkpoint can restore, the command that does."""
     if not path.is_dir():
         raise FileNotFoundError(f"{path} is not a directory (expected a trained model directory)")
-    if (path / "config.json").is_file() and not (path / "model.safetensors").is_file() \
-            and (path / CHECKPOINT_DIR).is_dir():
-        raise FileNotFoundError(f"{path} has no evaluated weights yet (model.safetensors is written at the first "
-                                f"evaluation); continue training it with: attnlab train --recipe RECIPE --out {path} --resume")
+    if (path / "config.json").is_file() and not (path / "model.safetensors").is_file():
+        advice = _missing_weights_advice(path)
+        if advice:
+            raise FileNotFoundError(advice)
     for name in files:
         if not (path / name).is_file():
             raise FileNotFoundError(f"{path} is not a trained model directory: {name} is missing")
 
 
 def start_run_dir(out: Path, config: dict) -> None:
-    """Create a new run directory with its config.json (a stale metrics.jsonl is removed). Call it only
-    once every setting has been checked, so that a refused run writes nothing."""
+    """Create a new run directory with its config.json (a stale metrics.jsonl and what a run killed
+    before its first checkpoint left are removed). Call it only once every setting has been checked,
+    so that a refused run writes nothing, and holding the run's lock."""
     out.mkdir(parents=True, exist_ok=True)
+    remove_temporaries(out)
     (out / "metrics.jsonl").unlink(missing_ok=True)
     write_json_atomic(out / "config.json", config)
+
+
+def snapshot_path(out: Path, step: int) -> Path:
+    return out / SNAPSHOT_DIR / f"step_{step:08d}.safetensors"
+
+
+def snapshot_steps(out: Path) -> list[int]:
+    """The steps of the snapshot files in out/snapshots/, in order."""
+    return sorted(int(p.stem[len("step_"):]) for p in (out / SNAPSHOT_DIR).glob("step_*.safetensors")
+                  if p.stem[len("step_"):].isdigit())
+
+
+def take_snapshot(out: Path, step: int, keep: list[int]) -> None:
+    """Make snapshots/ hold the steps `keep` (the checkpoint's list, ending with `step`): the new one
+    is a hard link of the checkpoint's weights, those no longer listed are deleted."""
+    atomic_link(out / CHECKPOINT_DIR / "model.safetensors", snapshot_path(out, step))
+    for old in set(snapshot_steps(out)) - set(keep):
+        snapshot_path(out, old).unlink(missing_ok=True)
+
+
+def align_with_checkpoint(out: Path, state: dict) -> None:
+    """Put run directory `out` back in the state its checkpoint describes, undoing whatever a killed
+    or interrupted run wrote after it (a resume then replays those steps exactly): temporary files
+    removed, metrics.jsonl cut to state["metrics_bytes"], model.safetensors = the checkpoint's
+    best.safetensors (removed when nothing was evaluated yet), snapshots/ = state["snapshots"] (the
+    checkpoint's own step re-linked from its weights when a kill fell before the link).
+    Call it holding the run's lock.
+
+    Raises:
+        FileNotFoundError: naming a listed snapshot that is missing and cannot be re-made.
+    """
+    for folder in (out, out / SNAPSHOT_DIR):
+        remove_temporaries(folder)
+    metrics = out / "metrics.jsonl"
+    if state["metrics_bytes"] is not None and metrics.is_file() and metrics.stat().st_size > state["metrics_bytes"]:
+        os.truncate(metrics, state["metrics_bytes"])
+    best, weights = out / CHECKPOINT_DIR / BEST_FILE, out / "model.safetensors"
+    if best.is_file() and not (weights.is_file() and os.path.samefile(best, weights)):
+        atomic_link(best, weights)
+    elif not best.is_file() and state["best"] is None:
+        weights.unlink(missing_ok=True)
+    if state["snapshots"] is None:  # a checkpoint from before snapshots were listed: the files decide
+        state["snapshots"] = [s for s in snapshot_steps(out) if s <= state["step"]]
+    for step in state["snapshots"]:
+        if not snapshot_path(out, step).is_file():
+            if step != state["step"]:
+                raise FileNotFoundError(f"{snapshot_path(out, step)} is missing: the final average of this run needs "
+                                        f"it (checkpoint/state.json lists steps {state['snapshots']})")
+            atomic_link(out / CHECKPOINT_DIR / "model.safetensors", snapshot_path(out, step))
+    for extra in set(snapshot_steps(out)) - set(state["snapshots"]):
+        snapshot_path(out, extra).unlink()
