@@ -1,7 +1,6 @@
 """Regression tests for the bad-input findings of a break-it pass (each once gave a traceback, a
 misleading message or silently did the wrong thing)."""
 import io
-import json
 import sys
 
 import pytest
