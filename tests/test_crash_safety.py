@@ -28,8 +28,8 @@ from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.tasks.registry import get_task
 from attnlab.train.loop import Trainer
 from attnlab.train.run_dir import run_lock
-from tests.conftest import TINY_LM, tiny_recipe, tiny_text
-from tests.train.crash import assert_same_run, kill_at, run_in_child
+from tests.conftest import TINY_LM, tiny_recipe
+from tests.train.crash import assert_same_run, kill_at, reference_run, run_in_child
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # bit-for-bit comparisons: one thread, as the forked child
 
@@ -46,6 +46,10 @@ def resume(out, steps=STEPS):
     return main(["train", "--recipe", "shakespeare-char", "--steps", str(steps), "--out", str(out), "--resume"])
 
 
+def _check_ok(code) -> None:
+    assert code == 0
+
+
 def one_line(capsys) -> str:
     err = [line for line in capsys.readouterr().err.replace("\r", "\n").splitlines()
            if line.startswith("attnlab:")]
@@ -56,20 +60,7 @@ def one_line(capsys) -> str:
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """Tiny Shakespeare for the whole module, and the uninterrupted run."""
-    root = tmp_path_factory.mktemp("data")
-    (root / "tinyshakespeare").mkdir()
-    (root / "tinyshakespeare" / "input.txt").write_text(tiny_text(), encoding="utf-8")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("ATTNLAB_DATA", str(root))
-        mp.setattr(datasets, "search_path", lambda: [root])
-        out = tmp_path_factory.mktemp("reference") / "run"
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)  # as every run it is compared with (the one_thread fixture, the forked child)
-        try:
-            assert train(out) == 0
-        finally:
-            torch.set_num_threads(threads)
-        yield out
+    yield from reference_run(tmp_path_factory, lambda out: _check_ok(train(out)))
 
 
 def final_record(capsys) -> dict:

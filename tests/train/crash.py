@@ -21,10 +21,13 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
+import pytest
 import torch
 
+import attnlab.data.datasets as datasets
 import attnlab.files as files
 from attnlab.tensorfile import read_tensors
+from tests.conftest import tiny_text
 
 TIMINGS = {"elapsed_s", "tokens_per_s", "metrics_bytes", "seconds"}  # differ between two identical runs
 
@@ -116,3 +119,23 @@ def assert_same_run(a: Path, b: Path) -> None:
         assert tensors.keys() == other.keys(), name
         for key, t in tensors.items():
             assert torch.equal(t, other[key]), f"{name}: {key}"
+
+
+def reference_run(tmp_path_factory, train: Callable[[Path], object]):
+    """For a module-scoped fixture (`yield from`): tiny Shakespeare as the only data set while the
+    module runs, and the uninterrupted run `train(out)` made on one thread, as every run it is
+    compared with (the one_thread fixture, the forked child)."""
+    root = tmp_path_factory.mktemp("data")
+    (root / "tinyshakespeare").mkdir()
+    (root / "tinyshakespeare" / "input.txt").write_text(tiny_text(), encoding="utf-8")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ATTNLAB_DATA", str(root))
+        mp.setattr(datasets, "search_path", lambda: [root])
+        out = tmp_path_factory.mktemp("reference") / "run"
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            train(out)
+        finally:
+            torch.set_num_threads(threads)
+        yield out

@@ -9,13 +9,11 @@ The run: 12 steps of a tiny character LM, a checkpoint every 4 steps (plus step 
 average (end "done").
 """
 import pytest
-import torch
 
-import attnlab.data.datasets as datasets
 from attnlab.tasks.registry import get_task
 from attnlab.train.run_dir import has_checkpoint
-from tests.conftest import tiny_lm_recipe, tiny_text
-from tests.train.crash import assert_same_run, kill_at
+from tests.conftest import tiny_lm_recipe
+from tests.train.crash import assert_same_run, kill_at, reference_run
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # bit-for-bit comparisons: one thread, as the forked child
 
@@ -44,20 +42,7 @@ POINTS = {
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """Tiny data for the module, and the uninterrupted run."""
-    root = tmp_path_factory.mktemp("data")
-    (root / "tinyshakespeare").mkdir()
-    (root / "tinyshakespeare" / "input.txt").write_text(tiny_text(), encoding="utf-8")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("ATTNLAB_DATA", str(root))
-        mp.setattr(datasets, "search_path", lambda: [root])
-        out = tmp_path_factory.mktemp("reference") / "run"
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)  # as every run it is compared with (the one_thread fixture, the forked child)
-        try:
-            LM.train(tiny_lm_recipe(12, SETTINGS), out)
-        finally:
-            torch.set_num_threads(threads)
-        yield out
+    yield from reference_run(tmp_path_factory, lambda out: LM.train(tiny_lm_recipe(12, SETTINGS), out))
 
 
 @pytest.mark.parametrize("point", list(POINTS))
