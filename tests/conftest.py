@@ -20,6 +20,16 @@ def tiny_config(**overrides) -> Seq2SeqConfig:
     return Seq2SeqConfig(**{**base, **overrides})
 
 
+def spread_weights(model, std: float = 0.2):
+    """`model` with every matrix redrawn from N(0, std²), wider than the init, so that routing and
+    next-token choices vary (tests of padding and long generation need varied tokens)."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0, std)
+    return model
+
+
 @pytest.fixture
 def one_thread():
     """torch on one intra-op thread for the test: runs compared bit for bit must use the same thread

@@ -6,6 +6,7 @@ import torch
 from attnlab import sampling
 from attnlab.generate import context_window, generate
 from attnlab.models.gpt import GPT, GPTConfig
+from tests.conftest import spread_weights
 
 V, CONTEXT = 50, 16
 KINDS = {  # preset and overrides: learned (GPT-2), sinusoidal, RoPE without a sliding window (LLaMA)
@@ -19,12 +20,7 @@ def model_for(kind: str) -> GPT:
     torch.manual_seed(0)
     cfg = GPTConfig.from_name(preset, vocab_size=V, d_model=32, n_heads=4, n_layers=2, max_seq_len=CONTEXT,
                               d_ff=48, **overrides)
-    model = GPT(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.normal_(0, 0.2)
-    return model
+    return spread_weights(GPT(cfg).eval())
 
 
 def prompt(n: int, seed: int = 1) -> list[int]:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from attnlab.models.gpt import GPT, GPTConfig
+from tests.conftest import spread_weights
 
 TOKENS = [5, 9, 14]
 PAD = 0
@@ -19,12 +20,7 @@ def mixtral(top_k: int) -> GPT:
     torch.manual_seed(0)
     cfg = GPTConfig.from_name("mixtral", vocab_size=50, d_model=32, n_heads=4, n_layers=2, max_seq_len=32, d_ff=48,
                               n_experts=4, moe_top_k=top_k)
-    model = GPT(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.normal_(0, 0.2)
-    return model
+    return spread_weights(GPT(cfg).eval())
 
 
 @pytest.mark.parametrize("top_k", [1, 2])
