@@ -61,3 +61,14 @@ def test_bpe_is_the_tokenizer_picture(capsys, tmp_path):
     code, out, err = _run(capsys, "bpe", "--merges", 3, "--out", tmp_path / "b.png")
     assert code == 0 and len(json.loads(out)["merges"]) == 3 and json.loads(out)["merges"][0] == "er"
     assert "step 1: 'e' + 'r' -> 'er'" in err and (tmp_path / "b.png").stat().st_size < 150_000
+
+
+@pytest.mark.parametrize("figure", ["attention", "kv-cache", "context"])
+def test_a_mamba_run_is_refused_by_figures_that_need_attention(capsys, tmp_path, figure):
+    run = tmp_path / "mamba-run"  # what kind_of reads: config.json's model_type beside the weights
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"model_type": "mamba"}))
+    (run / "model.safetensors").write_bytes(b"")
+    code, out, err = _run(capsys, figure, "--model", run, "--out", tmp_path / "x.png")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert f"{run} is a Mamba (state-space) model, which has no attention weights; the" in err
