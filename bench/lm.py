@@ -6,16 +6,21 @@ line: final and best validation loss (one exact pass over the whole validation t
 (comparable across tokenizers), parameters, training tokens/s, the fraction of this machine's
 measured fp32 matmul rate, and for character models the spread of nanoGPT's own 20-batch estimate
 on the final weights; ratios against the first recipe. --plot draws the validation-loss curves
-(character-level recipes only: nats per BPE token are on another scale).
+(character-level recipes only: nats per BPE token are on another scale). --workers N trains N of the
+(recipe, seed) runs at a time, each in its own process on cores/N threads (the losses do not depend
+on it; the tokens/s are then those of a run sharing the machine, as the JSON's "threads_per_run" says).
 
     python bench/lm.py [--recipes shakespeare-char shakespeare-char-llama ...] [--steps N] [--seeds 0 1 2 3]
-                       [--set KEY=VALUE] [--plot FILE]
+                       [--set KEY=VALUE] [--workers N] [--plot FILE]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import os
 import shutil
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
@@ -76,6 +81,22 @@ def nanogpt_estimates(run: Path, draws: int = 50, eval_iters: int = 20) -> dict:
             "sd": round(t.std().item(), 4), "min": round(t.min().item(), 4), "max": round(t.max().item(), 4)}
 
 
+def train_one(name: str, overrides: list[str], out: Path) -> dict:
+    """Train recipe `name` with `overrides` into a fresh `out`; its summary (tasks.base.Task.train)."""
+    recipe = get_recipe(name).with_overrides(overrides)
+    shutil.rmtree(out, ignore_errors=True)
+    return task_of_recipe(recipe).train(recipe, out)
+
+
+def train_all(jobs: list[tuple[str, list[str], Path]], workers: int) -> list[dict]:
+    """The summaries of `jobs` (train_one's arguments), `workers` at a time in spawned processes (or
+    here, one after another, with 1 worker)."""
+    if workers == 1:
+        return [train_one(*job) for job in jobs]
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return list(pool.map(train_one, *zip(*jobs)))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--recipes", nargs="+", default=["shakespeare-char", "shakespeare-char-llama", "shakespeare-bpe"])
@@ -85,24 +106,28 @@ def main() -> None:
                     help="train each recipe once per seed (default: once, with its own seed); the figures are "
                          "the first seed's, with every seed's final validation loss, their mean and standard "
                          "deviation beside them")
+    ap.add_argument("--workers", type=int, default=1, help="train this many runs at a time, on cores/N threads each")
     ap.add_argument("--out", default="runs/bench-lm")
     ap.add_argument("--plot", help="write the validation-loss curves to this PNG")
     args = ap.parse_args()
     peaks = machine_peaks()
+    threads = max(1, (os.cpu_count() or 1) // args.workers) if args.workers > 1 else torch.get_num_threads()
+    common = list(args.set) + ([f"max_steps={args.steps}", f"lr_decay_steps={args.steps}"] if args.steps else [])
+    common += [f"threads={threads}"] if args.workers > 1 else []
+    seeds = args.seeds or [None]
+    jobs = [(name, common + ([f"seed={seed}"] if seed is not None else []),
+             Path(args.out) / (name if i == 0 else f"{name}-seed{seed}"))
+            for name in args.recipes for i, seed in enumerate(seeds)]
+    summaries = dict(zip(((job[0], job[2]) for job in jobs), train_all(jobs, args.workers)))
     results, curves = {}, {}
     for name in args.recipes:
-        overrides = list(args.set) + ([f"max_steps={args.steps}", f"lr_decay_steps={args.steps}"] if args.steps else [])
-        seeds = args.seeds or [None]
-        recipe = get_recipe(name).with_overrides(overrides + ([f"seed={seeds[0]}"] if seeds[0] is not None else []))
-        out = Path(args.out) / name
-        shutil.rmtree(out, ignore_errors=True)
+        recipe = get_recipe(name).with_overrides(common + ([f"seed={seeds[0]}"] if seeds[0] is not None else []))
         task = task_of_recipe(recipe)
-        summary = task.train(recipe, out)
+        out = Path(args.out) / name
+        summary = summaries[(name, out)]
         by_seed = {recipe.train.seed: summary["val_loss"]}
         for seed in seeds[1:]:
-            other = out.with_name(f"{name}-seed{seed}")
-            shutil.rmtree(other, ignore_errors=True)
-            by_seed[seed] = task.train(recipe.with_overrides([f"seed={seed}"]), other)["val_loss"]
+            by_seed[seed] = summaries[(name, out.with_name(f"{name}-seed{seed}"))]["val_loss"]
         cfg = task.model_config.from_dict(json.loads((out / "config.json").read_text())["model"])
         records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
         curves[name] = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
@@ -128,7 +153,8 @@ def main() -> None:
         r["ratio_bits_per_byte_vs_first"] = round(r["bits_per_byte"] / first["bits_per_byte"], 3)
         r["ratio_tokens_per_s_vs_first"] = round(r["train_tokens_per_s"] / first["train_tokens_per_s"], 2)
     print(json.dumps({"bench": "lm", "reference_nanogpt_val_loss": NANOGPT_VAL_LOSS, "overrides": args.set,
-                      "results": results, "machine": peaks, "threads": torch.get_num_threads()}))
+                      "results": results, "machine": peaks, "workers": args.workers,
+                      "threads_per_run": threads}))
     if args.plot:
         import matplotlib
         matplotlib.use("Agg")
