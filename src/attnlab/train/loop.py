@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from attnlab.files import DiskFullError
+from attnlab.files import DiskFullError, crash_point
 from attnlab.train import distributed
 from attnlab.train.checkpoint import load_training_state, save_training_state, save_weights
 from attnlab.train.config import TrainConfig
@@ -289,6 +289,7 @@ class Trainer:
                 while s["position"] < len(batches) and self._budget_left():
                     group = batches[s["position"]:s["position"] + cfg.grad_accum_steps]
                     loss, n = self._train_step(group)
+                    crash_point("step", self.out / f"rank{self.strategy.world.rank}" / f"step_{s['step']}")
                     s["position"] += len(group)
                     window_tok += n
                     bar.update(1)

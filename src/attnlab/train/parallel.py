@@ -215,8 +215,11 @@ class FSDP(_Distributed):
         """Every process loads its shards from its own twin (read from the checkpoint)."""
         from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
                                                              set_optimizer_state_dict)  # heavy: see __init__
+        # Each tied tensor once (named_parameters keeps the first name): loading a second name of a
+        # tied parameter fails on a tensor the first one already made a DTensor.
+        weights = {**dict(self.twin.named_parameters()), **dict(self.twin.named_buffers())}
+        set_model_state_dict(self.module, weights, options=StateDictOptions(full_state_dict=True, strict=False))
         options = StateDictOptions(full_state_dict=True)
-        set_model_state_dict(self.module, self.twin.state_dict(), options=options)
         plain = self.optimizer.state_dict()
         by_index = {}
         for group in self.optimizer.param_groups:
