@@ -14,6 +14,7 @@ In one process (no torchrun, or WORLD_SIZE=1) every collective here is the ident
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 from dataclasses import dataclass
@@ -133,8 +134,12 @@ def process_group() -> Iterator[World]:
     _world = world
     try:
         yield world
+        dist.barrier()  # a normal end: every process ends together
     finally:
         _world = World()
+        # Free DDP / FSDP (and their reducers' threads) before their process group: one left to the
+        # interpreter's shutdown outlives the group and aborts the process ("terminate called ...").
+        gc.collect()
         dist.destroy_process_group()
 
 
