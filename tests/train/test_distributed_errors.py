@@ -9,7 +9,10 @@ import sys
 import pytest
 import torch
 
+import attnlab.tasks.text_classification as tc
 from attnlab.cli import main
+from attnlab.data.wordpiece import train_wordpiece
+from attnlab.recipes import get_recipe
 from attnlab.data.sharding import share, shard_rows
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.tasks.base import check_world
@@ -86,3 +89,17 @@ def test_two_nodes_on_localhost_train_the_model_of_one_process(runs, tmp_path):
     assert [node.returncode for node in nodes] == [0, 0], results[0][1][-2000:] + results[1][1][-2000:]
     assert sum(len(stdout.strip().splitlines()) for stdout, _ in results) == 1  # rank 0's result only
     assert max_difference(weights(out), weights(runs.one("lm"))) < 1e-5
+
+
+def test_every_process_takes_rank_0s_wordpiece_vocabulary(monkeypatch):
+    """HF's WordPiece training is not deterministic: processes that each trained their own would
+    disagree on token ids (a BERT trained from scratch by torchrun would mix vocabularies)."""
+    rank0 = train_wordpiece(["the cat sat on the mat", "a dog ran"], 120)
+    monkeypatch.setattr(tc, "pretraining_sentences", lambda: ["other text"])
+    monkeypatch.setattr(tc, "train_wordpiece", lambda *a: pytest.fail("rank 1 trained its own tokenizer"))
+    monkeypatch.setattr(distributed, "_world", World(1, 2))
+    monkeypatch.setattr(distributed, "from_main", lambda obj: rank0.to_str())
+    recipe = tc.TextClassificationDataConfig(objective="mlm", tokenizer_vocab_size=120)
+    spec = tc.RunSpec(None, False, "bert-mlm", get_recipe("bert-mlm").model, recipe, None, None)
+    _, tok, _, _ = tc.BertTask()._initial(spec)
+    assert tok.get_vocab() == rank0.get_vocab()

@@ -41,7 +41,7 @@ def cmd_train(args) -> None:
     if args.nproc is not None:
         if "WORLD_SIZE" in os.environ:
             raise ValueError("--nproc starts the processes itself; under torchrun leave it out")
-        get_recipe(args.recipe)  # an unknown recipe: one line here, not one per process
+        get_recipe(args.recipe).with_overrides(list(args.set))  # bad input: one line here, not one per process
         code = launch(args.nproc, train_argv(args))
         if code:
             raise SystemExit(code)

@@ -18,13 +18,15 @@ import torch.nn.functional as F
 from attnlab.config import Config, check, check_literals
 from attnlab.data.classification import SST2_LABELS, pad_batch, read_sst2
 from attnlab.data.mlm import IGNORE, mask_tokens
-from attnlab.data.wordpiece import encode_sentences, load_wordpiece, pretraining_sentences, train_wordpiece
+from attnlab.data.wordpiece import (encode_sentences, load_wordpiece, pretraining_sentences, train_wordpiece,
+                                    wordpiece_from_json)
 from attnlab.files import atomic_write
 from attnlab.interop.hf_bert import load_hf_bert, save_bert_hf
 from attnlab.models.bert import Bert, BertConfig
 from attnlab.pretrained import NAMED
 from attnlab.seeding import mix_seed
 from attnlab.tasks.base import Prepared, Run, RunSpec, Task
+from attnlab.train import distributed
 from attnlab.train.guards import activation_bytes
 from attnlab.train.losses import perplexity
 from attnlab.train.run_dir import is_run_dir
@@ -209,7 +211,10 @@ class BertTask(Task):
         init, recipe_cfg = spec.data_cfg.init, spec.model_cfg
         if init in (None, "none"):
             log.info("training a %d-token WordPiece tokenizer", spec.data_cfg.tokenizer_vocab_size)
-            tok = train_wordpiece(pretraining_sentences(), spec.data_cfg.tokenizer_vocab_size)
+            world = distributed.current_world()
+            tok = train_wordpiece(pretraining_sentences(), spec.data_cfg.tokenizer_vocab_size) if world.is_main else None
+            if world.distributed:  # HF's WordPiece training is not deterministic: all take rank 0's vocabulary
+                tok = wordpiece_from_json(distributed.from_main(tok.to_str() if tok is not None else None))
             ids = {t: tok.token_to_id(t) for t in ("[PAD]", "[CLS]", "[SEP]", "[MASK]")}
             cfg = BertConfig.from_dict({**recipe_cfg.to_dict(), "vocab_size": tok.get_vocab_size(),
                                         "pad_id": ids["[PAD]"], "cls_id": ids["[CLS]"], "sep_id": ids["[SEP]"],
