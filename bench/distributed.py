@@ -1,5 +1,5 @@
 """Benchmark: one recipe trained by 1 process × 2 threads, and by 2 processes × 1 thread with DDP and
-with FSDP2 (torchrun, gloo), side by side in one run; training tokens/s of each (the median of the
+with FSDP2 (torchrun, gloo), side by side in one run (and 1 process × 1 thread for scale); training tokens/s of each (the median of the
 logged windows, evaluations left out), ratios against the one process, and the equivalence figure:
 the largest absolute difference of any parameter from the one-process run after the same steps.
 
@@ -70,7 +70,8 @@ def main() -> None:
                  f"lr_decay_steps={args.steps}", "warmup_steps=10", *args.set]
     argv = ["--recipe", args.recipe, "--steps", str(args.steps), *(a for s in overrides for a in ("--set", s))]
     out = Path(args.out)
-    runs = {"1 process x 2 threads": (1, 2, []), "2 processes x 1 thread, DDP": (2, 1, ["parallel=ddp"]),
+    runs = {"1 process x 2 threads": (1, 2, []), "1 process x 1 thread": (1, 1, []),
+            "2 processes x 1 thread, DDP": (2, 1, ["parallel=ddp"]),
             "2 processes x 1 thread, FSDP2": (2, 1, ["parallel=fsdp"])}
     results, first = {}, None
     for i, (name, (nproc, threads, extra)) in enumerate(runs.items()):
