@@ -23,6 +23,8 @@ SIGKILL itself at the N-th (default first) file event EVENT whose target path ma
     swap        just before the rename (file) or the exchange / first rename (directory)
     moved-aside directory fallback: the old directory is aside, the new one not yet in place
     swapped     the new content is in place; the old one not yet deleted
+    step        (not a file) a training process finished an optimizer step; the path is
+                OUT/rank<R>/step_<N> (train/loop.py), so a test can kill one rank of several
 tests/train/crash.py uses it to kill a training at each of these points and check the resume.
 """
 from __future__ import annotations

@@ -1,7 +1,10 @@
-"""`attnlab train` and `attnlab evaluate`: thin calls into the task registry (tasks/registry.py)."""
+"""`attnlab train` and `attnlab evaluate`: thin calls into the task registry (tasks/registry.py).
+Under torchrun each process runs `train` (train/distributed.py); `train --nproc N` starts them
+(train/launch.py)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -10,6 +13,8 @@ from attnlab.cli.args import beam, positive_float, positive_int
 from attnlab.files import DiskFullError
 from attnlab.recipes import RECIPES, get_recipe
 from attnlab.tasks.registry import evaluate_run, task_of_recipe
+from attnlab.train.distributed import process_group
+from attnlab.train.launch import launch
 from attnlab.train.run_dir import has_checkpoint
 
 
@@ -20,7 +25,27 @@ def continue_command(recipe, out: str) -> str:
     return f"attnlab train --recipe {recipe.name} --out {out} --resume{budget}"
 
 
+def train_argv(args) -> list[str]:
+    """The `attnlab train` arguments of `args` without --nproc (what each launched process runs)."""
+    argv = ["train", "--recipe", args.recipe]
+    for flag, value in (("--minutes", args.minutes), ("--steps", args.steps), ("--out", args.out)):
+        if value is not None:
+            argv += [flag, str(value)]
+    argv += ["--resume"] if args.resume else []
+    for assignment in args.set:
+        argv += ["--set", assignment]
+    return argv
+
+
 def cmd_train(args) -> None:
+    if args.nproc is not None:
+        if "WORLD_SIZE" in os.environ:
+            raise ValueError("--nproc starts the processes itself; under torchrun leave it out")
+        get_recipe(args.recipe).with_overrides(list(args.set))  # bad input: one line here, not one per process
+        code = launch(args.nproc, train_argv(args))
+        if code:
+            raise SystemExit(code)
+        return
     recipe = get_recipe(args.recipe)
     budget = []
     if args.minutes is not None:
@@ -33,7 +58,8 @@ def cmd_train(args) -> None:
     recipe = recipe.with_overrides(list(args.set) + budget)
     out = args.out or f"runs/{recipe.name}"
     try:
-        result = task_of_recipe(recipe).train(recipe, out, resume=args.resume)
+        with process_group() as world:
+            result = task_of_recipe(recipe).train(recipe, out, resume=args.resume)
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM (train/guards.py): a checkpoint was written
         then = f"continue with: {continue_command(recipe, out)}" if has_checkpoint(Path(out)) else \
             "nothing to resume yet"
@@ -44,7 +70,8 @@ def cmd_train(args) -> None:
             raise
         raise OSError(f"{e.reason}; temporary files were removed and the last checkpoint is intact: free some "
                       f"space, then continue with: {continue_command(recipe, out)}") from None
-    print(json.dumps(result))
+    if world.is_main:
+        print(json.dumps(result))
 
 
 def cmd_evaluate(args) -> None:
@@ -60,7 +87,9 @@ def add_training_parsers(sub) -> None:
     t.add_argument("--out", help="run directory (default runs/RECIPE)")
     t.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
     t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a model/data/train setting, e.g. --set d_model=512")
+                   help="override a model/data/train setting, e.g. --set d_model=512 (--set parallel=fsdp)")
+    t.add_argument("--nproc", type=positive_int, help="train in N processes on this host (torch.distributed.run; "
+                   "same as torchrun --nproc_per_node N -m attnlab train ...)")
     t.set_defaults(func=cmd_train)
 
     e = sub.add_parser("evaluate", help="score a trained model (sacreBLEU for translation, validation loss and "

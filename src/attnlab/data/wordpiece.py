@@ -46,6 +46,15 @@ def train_wordpiece(sentences: list[str], vocab_size: int):
     return tok
 
 
+def wordpiece_from_json(text: str):
+    """A tokenizer.json's text as a tokenizers.Tokenizer (rank 0's tokenizer, sent to the other
+    processes of a distributed run)."""
+    # optional dependency (the hf and dev extras): only the BERT models need WordPiece
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_str(text)
+
+
 def load_wordpiece(path: str | Path):
     """A WordPiece tokenizer.json (ours or a HF BERT's) as a tokenizers.Tokenizer that neither pads nor
     truncates (callers cut to max_len themselves, keeping [SEP]).

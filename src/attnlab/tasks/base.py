@@ -11,6 +11,7 @@ The objective object a family hands to the loop (train/loop.py) has `batches(epo
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
@@ -22,10 +23,12 @@ import torch
 
 from attnlab.config import Config
 from attnlab.models.base import Model
+from attnlab.train import distributed
 from attnlab.train.checkpoint import load_weights
 from attnlab.train.config import TrainConfig
 from attnlab.train.guards import check_batch_memory
-from attnlab.train.loop import Trainer
+from attnlab.train.loop import Trainer, optimizer_factory
+from attnlab.train.parallel import check_shardable, make_strategy
 from attnlab.train.run_dir import (check_model_dir, check_out_dir, check_resume_recipe, read_run_config, run_lock,
                                    start_run_dir)
 
@@ -180,7 +183,8 @@ class Task:
         A new run checks every setting (prepare builds the tokenizer, data and objective; then the
         model is built) before it writes config.json and the tokenizer; a resumed run continues from
         out/checkpoint/ with its saved settings, and recipe.train's budgets apply as totals. The run
-        directory is written under its lock (run_dir.run_lock): one writer at a time.
+        directory is written under its lock (run_dir.run_lock): one writer at a time. Under torchrun
+        (train/distributed.py) every process runs this; rank 0 alone holds the lock and writes.
 
         Returns:
             the final validation record with "best", "best_step", "parameters", "steps" and the
@@ -198,9 +202,13 @@ class Task:
         model = self.build_model(prepared.model_cfg)
         if prepared.init_state is not None and not resume:
             model.load_state_dict({**model.state_dict(), **prepared.init_state})
-        with run_lock(out):
-            check_out_dir(out, resume)  # again: another process may have started a run here meanwhile
-            if not resume:  # every setting has been checked: now the run directory is written
+        check_world(prepared.objective, model, spec.train_cfg.parallel)
+        distributed.barrier()  # several processes: every one has checked `out` before rank 0 writes it
+        main = distributed.current_world().is_main
+        with run_lock(out) if main else contextlib.nullcontext():
+            if main:
+                check_out_dir(out, resume)  # again: another process may have started a run here meanwhile
+            if main and not resume:  # every setting has been checked: now the run directory is written
                 start_run_dir(out, {"model_type": self.model_type, "recipe": recipe.name, **prepared.run_info,
                                     "model": prepared.model_cfg.to_dict(), "data": spec.data_cfg.to_dict(),
                                     "train": spec.train_cfg.to_dict()})
@@ -239,12 +247,38 @@ class Task:
         return {**record, "seconds": round(time.perf_counter() - t0, 1)}
 
 
+def check_world(objective, model: Model, parallel: str) -> None:
+    """Several processes: refuse more of them than the rows (sentences, sequences, images) of the
+    first global batch, and a model that `parallel` "fsdp" cannot shard; before anything is written.
+
+    Raises:
+        ValueError: one line ("mismatched world size" naming both numbers; parallel.check_shardable).
+    """
+    world = distributed.current_world()
+    if world.distributed:
+        if parallel == "fsdp":
+            check_shardable(model)
+        first = objective.batch_rows(objective.batches(0)[0])
+        if first < world.size:
+            raise ValueError(f"mismatched world size: {world.size} processes cannot split a global batch of "
+                             f"{first} rows (sentences, sequences or images); use at most {first} processes or a "
+                             f"larger batch")
+
+
 def fit(model: Model, objective, train_cfg: TrainConfig, out: Path, resume: bool,
         rate_key: str = "tokens_per_s") -> dict:
     """Train with the shared loop (resuming from out/checkpoint when asked) and return the final
     record with "parameters", "steps" and the training rate under `rate_key` (units the objective's
-    loss counts: tokens, sentences or images per second)."""
-    trainer = Trainer(model, objective, train_cfg, out, getattr(model.cfg, "d_model", 512))
+    loss counts: tokens, sentences or images per second). Under torchrun the model runs as
+    train_cfg.parallel says (train/parallel.py).
+
+    Raises:
+        ValueError: for a model FSDP cannot shard (parallel.check_shardable).
+    """
+    strategy = None
+    if distributed.current_world().distributed:
+        strategy = make_strategy(model, objective, optimizer_factory(train_cfg), train_cfg.parallel)
+    trainer = Trainer(model, objective, train_cfg, out, getattr(model.cfg, "d_model", 512), strategy)
     if resume:
         trainer.resume()
     record = trainer.fit()

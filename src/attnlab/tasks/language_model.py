@@ -105,6 +105,13 @@ class LanguageModelObjective:
                                             self.data_cfg.block_size, g)
         return list(offsets)
 
+    def batch_rows(self, offsets: torch.Tensor) -> int:
+        return len(offsets)
+
+    def shard(self, offsets: torch.Tensor, rows: range) -> torch.Tensor:
+        """The sequences `rows` of a (B,) batch of offsets (a process's part of it, data/sharding.py)."""
+        return offsets[rows.start:rows.stop]
+
     def loss(self, model, offsets: torch.Tensor) -> tuple[torch.Tensor, int]:
         """Mean cross-entropy of the next token over a (B, T) batch, plus aux_loss_coef · aux_loss."""
         x, y = self.train.blocks(offsets, self.data_cfg.block_size)  # (B, T) each

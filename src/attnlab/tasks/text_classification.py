@@ -18,13 +18,15 @@ import torch.nn.functional as F
 from attnlab.config import Config, check, check_literals
 from attnlab.data.classification import SST2_LABELS, pad_batch, read_sst2
 from attnlab.data.mlm import IGNORE, mask_tokens
-from attnlab.data.wordpiece import encode_sentences, load_wordpiece, pretraining_sentences, train_wordpiece
+from attnlab.data.wordpiece import (encode_sentences, load_wordpiece, pretraining_sentences, train_wordpiece,
+                                    wordpiece_from_json)
 from attnlab.files import atomic_write
 from attnlab.interop.hf_bert import load_hf_bert, save_bert_hf
 from attnlab.models.bert import Bert, BertConfig
 from attnlab.pretrained import NAMED
 from attnlab.seeding import mix_seed
 from attnlab.tasks.base import Prepared, Run, RunSpec, Task
+from attnlab.train import distributed
 from attnlab.train.guards import activation_bytes
 from attnlab.train.losses import perplexity
 from attnlab.train.run_dir import is_run_dir
@@ -81,6 +83,7 @@ class MaskedLMObjective:
 
     best_metric = "mlm_loss"
     higher_is_better = False
+    leaves_parameters_unused = True  # the classifier (DDP must look for unused parameters)
 
     def __init__(self, train, val, cfg: BertConfig, batch_size: int, probability: float, seed: int,
                  label_smoothing: float = 0.0):
@@ -103,10 +106,22 @@ class MaskedLMObjective:
                                      generator, self.ordinary)
         return inputs, attention, labels
 
+    def batch_rows(self, batch) -> int:
+        return len(batch[2])
+
+    def shard(self, batch, rows: range) -> tuple:
+        """The sentences `rows` of a batch (a process's part of it, data/sharding.py): the whole
+        batch is masked as in one process, then these rows are kept."""
+        return (*batch[:3], rows)
+
     def loss(self, model: Bert, batch) -> tuple[torch.Tensor, int]:
-        epoch, position, index = batch
+        """batch: (epoch, position, sentence indices[, rows kept after masking the whole batch])."""
+        epoch, position, index = batch[:3]
         g = torch.Generator().manual_seed(mix_seed(self.seed, epoch, position))
         inputs, attention, labels = self._masked([self.train[i] for i in index], g)
+        if len(batch) > 3:
+            keep = slice(batch[3].start, batch[3].stop)
+            inputs, attention, labels = inputs[keep], attention[keep], labels[keep]
         chosen = labels != IGNORE
         logits = model.mlm_logits(model(inputs, attention)[chosen])  # the head only where a token is predicted
         loss = F.cross_entropy(logits.float(), labels[chosen], label_smoothing=self.label_smoothing)
@@ -139,6 +154,7 @@ class SentenceClassificationObjective:
     """
 
     best_metric = "accuracy"
+    leaves_parameters_unused = True  # the masked-LM head (DDP must look for unused parameters)
 
     def __init__(self, train, val, pad_id: int, batch_size: int, seed: int, label_smoothing: float = 0.0):
         self.train, self.val, self.pad_id = train, val, pad_id
@@ -146,6 +162,13 @@ class SentenceClassificationObjective:
 
     def batches(self, epoch: int) -> list[list[int]]:
         return _batches([len(x) for x in self.train[0]], self.batch_size, self.seed, epoch)
+
+    def batch_rows(self, index: list[int]) -> int:
+        return len(index)
+
+    def shard(self, index: list[int], rows: range) -> list[int]:
+        """The sentences `rows` of a batch (a process's part of it, data/sharding.py)."""
+        return index[rows.start:rows.stop]
 
     def loss(self, model: Bert, index: list[int]) -> tuple[torch.Tensor, int]:
         ids, attention = pad_batch([self.train[0][i] for i in index], self.pad_id)
@@ -188,7 +211,10 @@ class BertTask(Task):
         init, recipe_cfg = spec.data_cfg.init, spec.model_cfg
         if init in (None, "none"):
             log.info("training a %d-token WordPiece tokenizer", spec.data_cfg.tokenizer_vocab_size)
-            tok = train_wordpiece(pretraining_sentences(), spec.data_cfg.tokenizer_vocab_size)
+            world = distributed.current_world()
+            tok = train_wordpiece(pretraining_sentences(), spec.data_cfg.tokenizer_vocab_size) if world.is_main else None
+            if world.distributed:  # HF's WordPiece training is not deterministic: all take rank 0's vocabulary
+                tok = wordpiece_from_json(distributed.from_main(tok.to_str() if tok is not None else None))
             ids = {t: tok.token_to_id(t) for t in ("[PAD]", "[CLS]", "[SEP]", "[MASK]")}
             cfg = BertConfig.from_dict({**recipe_cfg.to_dict(), "vocab_size": tok.get_vocab_size(),
                                         "pad_id": ids["[PAD]"], "cls_id": ids["[CLS]"], "sep_id": ids["[SEP]"],

@@ -140,6 +140,13 @@ class TranslationObjective:
     def batches(self, epoch: int) -> list[list[int]]:
         return token_batches(self.train, self.data_cfg.batch_tokens, seed=mix_seed(self.seed, epoch))
 
+    def batch_rows(self, batch: list[int]) -> int:
+        return len(batch)
+
+    def shard(self, batch: list[int], rows: range) -> list[int]:
+        """The sentence pairs `rows` of a batch (a process's part of it, data/sharding.py)."""
+        return batch[rows.start:rows.stop]
+
     def loss(self, model: Seq2SeqTransformer, batch: list[int]) -> tuple[torch.Tensor, int]:
         src, tgt_in, labels = collate(self.train, batch, *self.ids)
         return teacher_forcing_loss(model, src, tgt_in, labels, self.data_cfg.label_smoothing)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -49,6 +49,7 @@ class ImageBatch(NamedTuple):
 
     indices: torch.Tensor  # (B,) int64 positions in the training images
     seed: int              # seeds random_shift, from (train seed, epoch, batch position)
+    rows: Optional[range] = None  # a process's part of the batch (data/sharding.py); None = all
 
 
 class ImageClassificationObjective:
@@ -87,11 +88,24 @@ class ImageClassificationObjective:
         size = self.data_cfg.batch_size
         return [ImageBatch(perm[i:i + size], self._seed(epoch, 1 + i // size)) for i in range(0, len(perm), size)]
 
+    def batch_rows(self, batch: ImageBatch) -> int:
+        return len(batch.indices)
+
+    def shard(self, batch: ImageBatch, rows: range) -> ImageBatch:
+        """The images `rows` of a batch (a process's part of it, data/sharding.py), shifted as in
+        the whole batch."""
+        return batch._replace(rows=rows)
+
     def inputs(self, batch: ImageBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """The augmented, normalised (B, C, H, W) images of a batch and their (B,) labels."""
+        """The augmented, normalised (B, C, H, W) images of a batch (its `rows` only, when set; the
+        shifts are drawn for the whole batch, as in one process) and their (B,) labels."""
         g = torch.Generator().manual_seed(batch.seed)
         images = random_shift(self.train_images[batch.indices], self.data_cfg.max_shift, g)
-        return normalize(images, self.mean, self.std), self.train_labels[batch.indices]
+        labels = self.train_labels[batch.indices]
+        if batch.rows is not None:
+            keep = slice(batch.rows.start, batch.rows.stop)
+            images, labels = images[keep], labels[keep]
+        return normalize(images, self.mean, self.std), labels
 
     def loss(self, model, batch: ImageBatch) -> tuple[torch.Tensor, int]:
         """Mean label-smoothed cross-entropy of a batch (Szegedy et al. 2016, §7). Returns (loss, B)."""

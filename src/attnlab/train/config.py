@@ -1,5 +1,5 @@
 """TrainConfig: what the training loop reads — optimiser, schedule, budgets, cadence of evaluations and
-checkpoints, precision, seed and threads. The objective and the data (batch sizes, label smoothing,
+checkpoints, precision, seed, threads and the multi-process strategy. The objective and the data (batch sizes, label smoothing,
 what to decode at evaluation) belong to each task's data config (tasks/)."""
 from __future__ import annotations
 
@@ -35,7 +35,9 @@ class TrainConfig(Config):
     average_last: int = 0             # average the weights of the last N checkpoints at the end (0 = off)
     autocast: Literal["none", "bf16"] = "none"  # bf16 autocast for matmuls (CPU with AVX512-BF16)
     seed: int = 0                     # seeds the data order, initialisation and dropout
-    threads: int = 0                  # torch threads; 0 = all cores
+    threads: int = 0                  # torch threads; 0 = all cores (one per process under torchrun)
+    parallel: Literal["ddp", "fsdp"] = "ddp"  # with several processes (torchrun): DistributedDataParallel
+                                      # (replicas) or FSDP2 fully_shard (sharded); ignored in one process
 
     def __post_init__(self):
         check_literals(self)

@@ -12,11 +12,13 @@ deterministic. A resumed "done" run with no budget left only reports its record.
 """
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import torch
 
 from attnlab.train.checkpoint import load_weights
+from attnlab.train.guards import TrainingInterrupted
 from attnlab.train.run_dir import snapshot_path
 
 
@@ -37,10 +39,12 @@ def evaluate_average(trainer) -> dict | None:
     steps = trainer.state["snapshots"] if trainer.cfg.average_last else []
     if len(steps) < 2:
         return None
-    trained = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
-    average_snapshots(trainer.model, [snapshot_path(trainer.out, s) for s in steps])
+    if trainer.main:  # the one process that evaluates (several processes: train/loop.py)
+        trained = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+        average_snapshots(trainer.model, [snapshot_path(trainer.out, s) for s in steps])
     record = trainer._evaluate(averaged=[snapshot_path(trainer.out, s).stem for s in steps])
-    trainer.model.load_state_dict(trained)
+    if trainer.main:
+        trainer.model.load_state_dict(trained)
     return record
 
 
@@ -60,7 +64,8 @@ def finish(trainer) -> dict:
             trainer._evaluate()
         s["end"] = "evaluated"
         trainer._save(snapshot=bool(trainer.cfg.average_last))
-        trainer.signals.check()
+        if trainer.stop_requested():
+            raise TrainingInterrupted(trainer.signals.signum or signal.SIGTERM)
     if s["end"] == "evaluated":
         evaluate_average(trainer)
         s["end"] = "done"

@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import threading
+from typing import Callable
 
 import torch
 from tqdm import tqdm
@@ -58,23 +59,31 @@ class StopSignals:
             raise TrainingInterrupted(self.signum)
 
 
-def check_finite_weights(model: torch.nn.Module, step: int) -> None:
+def _local(p: torch.Tensor) -> torch.Tensor:
+    """This process's values of a parameter (its shard, for FSDP's DTensors)."""
+    return p.to_local() if hasattr(p, "to_local") else p
+
+
+def check_finite_weights(model: torch.nn.Module, step: int, agree: Callable[[bool], bool] = lambda ok: ok) -> None:
     """Stop when the update of `step` left a parameter non-finite (an lr too high, an overflow):
     before anything of it is written.
 
+    Args:
+        agree: turns this process's verdict into the verdict of all (several processes: finite
+            only when finite on every process, train/distributed.py).
     Raises:
-        FloatingPointError: naming the parameter and the step.
+        FloatingPointError: naming the parameter (where this process holds it) and the step.
     """
     # One float64 sum per parameter (a tenth of the cost of isfinite): non-finite exactly when the
     # parameter holds a NaN or an inf, since float32 values cannot overflow a float64 sum.
-    sums = [p.detach().sum(dtype=torch.float64) for p in model.parameters()]
-    if not sums or bool(torch.isfinite(torch.stack(sums).sum())):
+    sums = [_local(p.detach()).sum(dtype=torch.float64) for p in model.parameters()]
+    if agree(not sums or bool(torch.isfinite(torch.stack(sums).sum()))):
         return
-    for name, p in model.named_parameters():
-        if not bool(torch.isfinite(p).all()):
-            raise FloatingPointError(
-                f"the update of step {step} made {name} non-finite (NaN or inf): training diverged (lower lr / "
-                f"lr_factor or raise warmup_steps); stopped before writing it, the last checkpoint is intact")
+    bad = next((name for name, p in model.named_parameters() if not bool(torch.isfinite(_local(p)).all())),
+               "a parameter of another process")
+    raise FloatingPointError(
+        f"the update of step {step} made {bad} non-finite (NaN or inf): training diverged (lower lr / "
+        f"lr_factor or raise warmup_steps); stopped before writing it, the last checkpoint is intact")
 
 
 def physical_memory() -> int | None:

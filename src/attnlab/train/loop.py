@@ -12,6 +12,12 @@ always has a state to resume from; a resume first puts the directory back in the
 checkpoint describes (run_dir.align_with_checkpoint) and then replays the same steps, so any kill
 resumes to exactly the uninterrupted result; the end of the run is a sequence of recorded stages
 (train/end_of_run.py). Non-finite losses or weights stop training before anything is written.
+
+Several processes (torchrun; train/distributed.py, train/parallel.py): each global batch is split
+across the processes, gradients are summed over them and divided by the global count, so the steps,
+schedule and losses are those of one process; rank 0 alone evaluates and writes (logs, progress bar,
+metrics.jsonl, weights, checkpoints), and every decision that ends or changes the loop (a stop
+signal, the time budget, an evaluation's result, a non-finite loss) is taken once for all processes.
 """
 from __future__ import annotations
 
@@ -19,6 +25,8 @@ import contextlib
 import errno
 import json
 import logging
+import math
+import signal
 import sys
 import time
 from pathlib import Path
@@ -26,12 +34,14 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from attnlab.files import DiskFullError
+from attnlab.files import DiskFullError, crash_point
+from attnlab.train import distributed
 from attnlab.train.checkpoint import load_training_state, save_training_state, save_weights
 from attnlab.train.config import TrainConfig
 from attnlab.train.end_of_run import finish
 from attnlab.train.guards import StopSignals, TrainingInterrupted, check_finite_weights
 from attnlab.train.optim import build_optimizer, cosine_lr, noam_lr, set_lr
+from attnlab.train.parallel import OneProcess
 from attnlab.train.run_dir import CHECKPOINT_DIR, align_with_checkpoint, take_snapshot
 from attnlab.train.state import new_state
 
@@ -57,6 +67,11 @@ def autocast_context(kind: str):
     return contextlib.nullcontext()
 
 
+def optimizer_factory(cfg: TrainConfig):
+    """model -> the optimizer of cfg for it (its learning rate is set at each step)."""
+    return lambda model: build_optimizer(model, 0.0, (cfg.beta1, cfg.beta2), cfg.eps, cfg.weight_decay)
+
+
 class Trainer:
     """Trains `model` on `task` under `cfg`, writing into run directory `out`.
 
@@ -64,21 +79,29 @@ class Trainer:
         model: the module to train. task: see the module docstring. cfg: TrainConfig.
         out: run directory (holds model.safetensors = best weights, metrics.jsonl, checkpoint/).
         d_model: model width, for the Noam schedule.
+        strategy: how the model runs over processes (train/parallel.make_strategy, built with
+            make_optimizer); None: this process alone.
     """
 
-    def __init__(self, model: torch.nn.Module, task, cfg: TrainConfig, out: Path, d_model: int):
-        self.model, self.task, self.cfg, self.out, self.d_model = model, task, cfg, Path(out), d_model
-        self.optimizer = build_optimizer(model, 0.0, (cfg.beta1, cfg.beta2), cfg.eps, cfg.weight_decay)
+    def __init__(self, model: torch.nn.Module, task, cfg: TrainConfig, out: Path, d_model: int, strategy=None):
+        self.task, self.cfg, self.out, self.d_model = task, cfg, Path(out), d_model
+        self.strategy = strategy or OneProcess(model, task, optimizer_factory(cfg))
+        self.model = self.strategy.model          # the plain model: evaluated and saved
+        self.optimizer = self.strategy.optimizer  # its optimizer: saved in checkpoints
+        self.main = self.strategy.world.is_main
+        self._stale = False                       # the sharded weights changed since the last gather
         self.signals = StopSignals()
         self.state = new_state()
         self._resumed = False
 
     def log(self, record: dict) -> None:
-        """Append `record` to metrics.jsonl (a resume cuts what came after its checkpoint).
+        """Append `record` to metrics.jsonl (a resume cuts what came after its checkpoint); rank 0 only.
 
         Raises:
             files.DiskFullError: when the device is full.
         """
+        if not self.main:
+            return
         line = json.dumps(record) + "\n"
         try:
             with open(self.out / "metrics.jsonl", "a", encoding="utf-8") as f:
@@ -90,18 +113,34 @@ class Trainer:
 
     def resume(self) -> None:
         """Continue from the run directory's checkpoint (weights, optimiser, step, data position, RNG),
-        after putting the directory back in the state the checkpoint describes."""
-        state = load_training_state(self.out / CHECKPOINT_DIR, self.model, self.optimizer)
+        after putting the directory back in the state the checkpoint describes (rank 0; the other
+        processes then read the same checkpoint, whatever the number of processes that wrote it)."""
+        if self.main:
+            state = load_training_state(self.out / CHECKPOINT_DIR, self.model, self.optimizer)
+            align_with_checkpoint(self.out, state)
+        distributed.barrier()
+        if not self.main:
+            state = load_training_state(self.out / CHECKPOINT_DIR, self.model, self.optimizer)
         state.pop("optimizer", None)
-        align_with_checkpoint(self.out, state)
+        self.strategy.scatter()
         self.state, self._resumed = state, True
+
+    def _gather(self) -> None:
+        """Bring the plain model and optimizer up to date (FSDP: from the shards) before rank 0 uses them."""
+        if self._stale:
+            self.strategy.gather()
+            self._stale = False
 
     def checkpoint(self, snapshot: bool = False) -> None:
         """Write the checkpoint; with `snapshot`, also keep its weights among the last
-        cfg.average_last snapshots (listed in the state before the checkpoint, linked after it)."""
+        cfg.average_last snapshots (listed in the state before the checkpoint, linked after it).
+        Rank 0 writes; every process takes part (FSDP gathers the shards)."""
         s = self.state
         if snapshot:
             s["snapshots"] = sorted(set(s["snapshots"]) | {s["step"]})[-self.cfg.average_last:]
+        self._gather()
+        if not self.main:
+            return
         metrics = self.out / "metrics.jsonl"
         s["metrics_bytes"] = metrics.stat().st_size if metrics.is_file() else 0
         best = self.out / "model.safetensors" if s["best"] is not None else None
@@ -117,20 +156,26 @@ class Trainer:
         s, cfg = self.state, self.cfg
         if cfg.max_steps is not None and s["step"] >= cfg.max_steps:
             return False
-        return cfg.minutes is None or self.elapsed() < cfg.minutes * 60
+        return cfg.minutes is None or distributed.from_main(self.elapsed() < cfg.minutes * 60)
 
     def _evaluate(self, **extra) -> dict:
-        """Validate, log the record (with `extra` fields) and keep the weights if they are the best."""
-        self.model.eval()
-        with torch.no_grad(), autocast_context(self.cfg.autocast):
-            metrics = self.task.evaluate(self.model)
-        self.model.train()
+        """Validate, log the record (with `extra` fields) and keep the weights if they are the best.
+        Rank 0 evaluates the plain model once and writes; the others receive its numbers."""
+        self._gather()
+        metrics = None
+        if self.main:
+            self.model.eval()
+            with torch.no_grad(), autocast_context(self.cfg.autocast):
+                metrics = self.task.evaluate(self.model)
+            self.model.train()
+        metrics = distributed.from_main(metrics)
         s = self.state
         value = metrics[self.task.best_metric]
         sign = 1 if getattr(self.task, "higher_is_better", True) else -1
         improved = s["best"] is None or sign * value > sign * s["best"]
         if improved:
-            save_weights(self.model, self.out / "model.safetensors")
+            if self.main:
+                save_weights(self.model, self.out / "model.safetensors")
             s["best"], s["best_step"] = value, s["step"]
         record = {"step": s["step"], "epoch": s["epoch"], "elapsed_s": round(self.elapsed(), 1), **metrics,
                   **extra, "best": s["best"]}
@@ -147,41 +192,58 @@ class Trainer:
         batch. Each micro-batch's mean loss is back-propagated times its count, and the summed
         gradient is divided by the window's count before clipping (the fault of
         huggingface/transformers#24725: averaging per-micro-batch means weighs a short micro-batch's
-        tokens more).
+        tokens more). With several processes the same rule spans them: each runs its part of every
+        micro-batch (strategy.share), the gradients are summed over the processes (strategy.sync, on
+        the window's last micro-batch) and the counts too (an all-reduce), and the sum is divided by
+        that global count — not by each process's own, which would weigh a process's tokens by how
+        few it had.
 
         Returns:
-            (the window's mean loss per counted item, the count).
+            (the window's mean loss per counted item, the count), over all processes.
         Raises:
             FloatingPointError: when a loss is not finite (nothing is updated), or when the update
-                left a weight non-finite (guards.check_finite_weights); nothing is written.
+                left a weight non-finite (guards.check_finite_weights); nothing is written. With
+                several processes every process raises it.
         """
-        s, cfg = self.state, self.cfg
+        s, cfg, strategy = self.state, self.cfg, self.strategy
+        optimizer, module = strategy.step_optimizer, strategy.train_module
         lr = learning_rate(cfg, s["step"] + 1, self.d_model)
-        set_lr(self.optimizer, lr)
-        self.optimizer.zero_grad(set_to_none=True)
+        set_lr(optimizer, lr)
+        optimizer.zero_grad(set_to_none=True)
         total, n_tokens = 0.0, 0
-        for batch in micro_batches:
-            with autocast_context(cfg.autocast):
-                loss, n = self.task.loss(self.model, batch)
-            if not torch.isfinite(loss):
-                self.optimizer.zero_grad(set_to_none=True)
-                raise FloatingPointError(
-                    f"the loss is {loss.item()} at step {s['step'] + 1}: training diverged (lower lr_factor / lr "
-                    f"or raise warmup_steps); the weights were not updated and the last checkpoint is intact")
-            (loss * n).backward()
+        for i, batch in enumerate(micro_batches):
+            part, weight = strategy.share(batch)
+            with strategy.sync(last=i == len(micro_batches) - 1):
+                with autocast_context(cfg.autocast), strategy.autocast():
+                    loss, n = strategy.loss(part)
+                if not torch.isfinite(loss) and not strategy.world.distributed:
+                    self._diverged(loss.item())
+                n = n * weight
+                (loss * n).backward()
             total += loss.item() * n
             n_tokens += n
+        total, n_tokens = distributed.all_sum(total, n_tokens)
+        if not math.isfinite(total):  # several processes: every one learns of any process's loss
+            self._diverged(total)
+        n_tokens = int(n_tokens)
         scale = 1.0 / max(n_tokens, 1)
-        for p in self.model.parameters():
+        for p in module.parameters():
             if p.grad is not None:
                 p.grad.mul_(scale)
         if cfg.clip_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_grad_norm)
-        self.optimizer.step()
-        check_finite_weights(self.model, s["step"] + 1)
+            torch.nn.utils.clip_grad_norm_(module.parameters(), cfg.clip_grad_norm)
+        optimizer.step()
+        self._stale = True
+        check_finite_weights(module, s["step"] + 1, agree=lambda ok: not distributed.any_true(not ok))
         s["step"] += 1
         s["tokens"] += n_tokens
         return total * scale, n_tokens
+
+    def _diverged(self, loss: float) -> None:
+        self.strategy.step_optimizer.zero_grad(set_to_none=True)
+        raise FloatingPointError(
+            f"the loss is {loss} at step {self.state['step'] + 1}: training diverged (lower lr_factor / lr "
+            f"or raise warmup_steps); the weights were not updated and the last checkpoint is intact")
 
     def fit(self) -> dict:
         """Train until a budget (cfg.max_steps, cfg.minutes) runs out, then run the end-of-run sequence
@@ -196,8 +258,10 @@ class Trainer:
                 checkpoint whose data position does not fit the data.
         """
         s = self.state
-        self.out.mkdir(parents=True, exist_ok=True)
+        if self.main:
+            self.out.mkdir(parents=True, exist_ok=True)
         self.model.train()
+        self.strategy.train_module.train()
         self._clock = time.perf_counter()
         with self.signals:
             if not self._resumed:
@@ -215,7 +279,7 @@ class Trainer:
         cfg, s = self.cfg, self.state
         window_t, window_tok = time.perf_counter(), 0
         bar = tqdm(total=cfg.max_steps, initial=s["step"], unit="step", dynamic_ncols=True, leave=False,
-                   mininterval=2.0)
+                   mininterval=2.0, disable=not self.main)
         try:
             while self._budget_left():
                 batches = self.task.batches(s["epoch"])
@@ -225,32 +289,39 @@ class Trainer:
                 while s["position"] < len(batches) and self._budget_left():
                     group = batches[s["position"]:s["position"] + cfg.grad_accum_steps]
                     loss, n = self._train_step(group)
+                    crash_point("step", self.out / f"rank{self.strategy.world.rank}" / f"step_{s['step']}")
                     s["position"] += len(group)
                     window_tok += n
                     bar.update(1)
                     if s["step"] % cfg.log_every == 0:
                         now = time.perf_counter()
                         tps = window_tok / max(now - window_t, 1e-9)
-                        bar.set_postfix(loss=f"{loss:.3f}", lr=f"{self.optimizer.param_groups[0]['lr']:.2e}",
-                                        tok_s=f"{tps:.0f}")
+                        lr = self.strategy.step_optimizer.param_groups[0]["lr"]
+                        bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:.0f}")
                         self.log({"step": s["step"], "epoch": s["epoch"], "loss": round(loss, 4),
-                                  "lr": self.optimizer.param_groups[0]["lr"], "tokens_per_s": round(tps, 1),
+                                  "lr": lr, "tokens_per_s": round(tps, 1),
                                   "elapsed_s": round(self.elapsed(), 1)})
                         window_t, window_tok = now, 0
                     if s["step"] % cfg.eval_every == 0:
-                        bar.write(json.dumps(self._evaluate()), file=sys.stderr)
+                        record = self._evaluate()
+                        if self.main:
+                            bar.write(json.dumps(record), file=sys.stderr)
                         window_t, window_tok = time.perf_counter(), 0  # keep eval time out of tokens/s
                     saved = s["step"] % cfg.checkpoint_every == 0
                     if saved:
                         self._save(snapshot=bool(cfg.average_last))
-                    if self.signals.signum is not None:  # the step and its evaluation are complete: exact
+                    if self.stop_requested():  # the step and its evaluation are complete: exact
                         if not saved:
                             self._save()
-                        raise TrainingInterrupted(self.signals.signum)
+                        raise TrainingInterrupted(self.signals.signum or signal.SIGTERM)
                 if s["position"] >= len(batches):
                     s["epoch"], s["position"] = s["epoch"] + 1, 0
         finally:
             bar.close()
+
+    def stop_requested(self) -> bool:
+        """Whether a stop signal (Ctrl-C, SIGTERM) reached this process or, with several, any of them."""
+        return distributed.any_true(self.signals.signum is not None)
 
     def _save(self, snapshot: bool = False) -> None:
         self.state["elapsed_s"] = self.elapsed()
