@@ -97,7 +97,11 @@ def test_logits_equal_hf_on_padded_batch(ours, hf, batch):
         mine = ours[0](ids, mask.bool(), positions).logits
         theirs = hf(input_ids=ids, attention_mask=mask, position_ids=positions).logits
     real = mask.bool()  # padded positions' outputs are not compared
-    assert (mine - theirs)[real].abs().max().item() <= 1e-4
+    # Both sides are fp32 through 30 layers but sum in different orders (the thread count changes
+    # the matmul blocking): measured 5.4e-5 on 2 threads and 1.0e-4 on 1, with logits up to 35.8
+    # (an fp32 ulp there is 3.8e-6). The bound is relative to the largest logit: 1e-5 of it.
+    scale = theirs[real].abs().max().item()
+    assert (mine - theirs)[real].abs().max().item() <= 1e-5 * scale
 
 
 def test_greedy_tokens_equal_hf(ours, hf, batch):
