@@ -4,8 +4,10 @@ The same text, character tokenizer, blocks (64 × 12) and 2,000 steps as shakesp
 Mamba language model of about the same size: 7 Mamba layers of d_model 128 (d_state 16, d_conv 4,
 expand 2, dt_rank 8: 825 k parameters against the GPT-2 style's 804 k, +2.6%). Optimisation
 follows the Mamba paper's language-model recipe (Gu & Dao 2023, Appendix E.2: AdamW β (0.9, 0.95),
-weight decay 0.1 except on A_log and D, gradient clipping 1.0, linear warm-up then cosine decay);
-the peak learning rate is twice the GPT recipe's, not yet swept.
+weight decay 0.1 except on A_log and D, gradient clipping 1.0, linear warm-up then cosine decay).
+The peak learning rate, 4e-3, is the best of a sweep on the validation text (seed 0: 1e-3 → 1.5646,
+2e-3 → 1.5544, 4e-3 → 1.5377, 8e-3 → see the README), 4× the GPT recipe's 1e-3; the paper's
+improved recipe uses 5× GPT-3's rate.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ def recipe():
                   "same size and budget as shakespeare-char",
                   model=MambaConfig(d_model=D_MODEL, n_layers=7, d_state=16, d_conv=4, expand=2, max_seq_len=64),
                   data=TextDataConfig(dataset="tinyshakespeare", tokenizer="char", block_size=64, batch_size=12),
-                  train=TrainConfig(lr_schedule="cosine", lr=2e-3, min_lr=1e-4, warmup_steps=100,
+                  train=TrainConfig(lr_schedule="cosine", lr=4e-3, min_lr=1e-4, warmup_steps=100,
                                     lr_decay_steps=2000, max_steps=2000, beta1=0.9, beta2=0.95, eps=1e-8,
                                     weight_decay=0.1, clip_grad_norm=1.0, eval_every=250, log_every=50,
                                     checkpoint_every=250))
