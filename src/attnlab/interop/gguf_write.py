@@ -90,6 +90,17 @@ def _tensor(w: torch.Tensor, quantize: str, gguf):
     return gguf.quants.quantize(arr, kind), kind
 
 
+def _writer(gguf):
+    """gguf.GGUFWriter that also writes an empty array (a character-level vocabulary has no merges,
+    and llama.cpp requires the tokenizer.ggml.merges key; the format allows count 0, gguf-py refuses)."""
+    class Writer(gguf.GGUFWriter):
+        def _pack_val(self, val, vtype, add_vtype, sub_type=None):
+            if vtype == gguf.GGUFValueType.ARRAY and len(val) == 0 and sub_type is not None:
+                return (self._pack("I", vtype) if add_vtype else b"") + self._pack("I", sub_type) + self._pack("Q", 0)
+            return super()._pack_val(val, vtype, add_vtype, sub_type)
+    return Writer
+
+
 @torch.no_grad()
 def write_gguf(model: GPT, tokenizer: ByteLevelBPE, path, quantize: str = "fp32", chat_template: str | None = None,
                name: str = "attnlab") -> dict:
@@ -122,7 +133,7 @@ def write_gguf(model: GPT, tokenizer: ByteLevelBPE, path, quantize: str = "fp32"
     names = gguf_tensor_names(cfg.n_layers, cfg.tie_embeddings)
 
     def write(tmp: Path) -> None:
-        w = gguf.GGUFWriter(str(tmp), "llama")
+        w = _writer(gguf)(str(tmp), "llama")
         w.add_name(name), w.add_file_type(FILE_TYPE[quantize])
         if quantize != "fp32":
             w.add_quantization_version(gguf.GGML_QUANT_VERSION)
@@ -132,7 +143,9 @@ def write_gguf(model: GPT, tokenizer: ByteLevelBPE, path, quantize: str = "fp32"
         w.add_layer_norm_rms_eps(cfg.norm_eps), w.add_rope_freq_base(cfg.rope_theta)
         w.add_rope_dimension_count(cfg.head_dim), w.add_vocab_size(cfg.vocab_size)
         w.add_tokenizer_model("gpt2"), w.add_tokenizer_pre(pre), w.add_token_list(tokens)
-        w.add_token_types(types), w.add_token_merges(merges)
+        w.add_token_types(types)
+        # an empty list (a character-level vocabulary) still needs the key: llama.cpp requires it
+        w.add_key_value(gguf.Keys.Tokenizer.MERGES, merges, gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.STRING)
         if cfg.bos_id is not None:
             w.add_bos_token_id(cfg.bos_id)
         if cfg.eos_id is not None:
