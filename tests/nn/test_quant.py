@@ -137,3 +137,16 @@ def test_unsupported_quantizations_are_refused_by_name():
         quantize_model(model, "q8_0")
     with pytest.raises(ValueError, match="multiple of 32"):
         quantize(torch.zeros(3, 40), "q4_0")
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_fused_projections_equal_separate_ones(scheme):
+    model = quantize_model(tiny_llama(), scheme)  # q/k/v and gate/up joined (fuse_quantized)
+    attn = model.layers[0].self_attn
+    assert attn.q_proj.qs.untyped_storage().data_ptr() == attn.v_proj.qs.untyped_storage().data_ptr()
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.no_grad():
+        fused = model(ids).logits
+        for module in model.modules():
+            module.__dict__.pop("fused_group", None)
+        assert torch.equal(fused, model(ids).logits)

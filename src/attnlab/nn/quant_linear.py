@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from attnlab.nn.quant import SCHEMES, QuantWeight, check_scheme, dequantize, quantize
-from attnlab.nn.quant_kernel import quant_matmul
+from attnlab.nn.quant_kernel import SCHEME_ID, kernel, quant_matmul
 
 FLOAT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 DTYPES = ("auto", *FLOAT_DTYPES, *SCHEMES)  # "auto": as stored (a GGUF file keeps its block types)
@@ -57,6 +57,7 @@ class QuantLinear(_QuantBuffers):
 
     def __init__(self, qw: QuantWeight, bias: torch.Tensor | None = None):
         super().__init__(qw)
+        self._fast: bool | None = None
         self.bias = None if bias is None else nn.Parameter(bias.detach().to(torch.float32), requires_grad=False)
 
     @property
@@ -69,7 +70,13 @@ class QuantLinear(_QuantBuffers):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(..., I) -> (..., O)."""
-        y = quant_matmul(x, self.qweight)
+        if self._fast is None:  # decided once: the C++ kernel takes fp32 CPU rows directly
+            self._fast = kernel() == "cpp" and self.qs.device.type == "cpu" and self.d.shape[1] % 2 == 0
+        if self._fast and x.dtype == torch.float32 and x.device.type == "cpu":
+            y = torch.ops.attnlab_quant.linear(x.reshape(-1, x.shape[-1]), self.qs, self.d, self.m,
+                                               SCHEME_ID[self.scheme]).view(*x.shape[:-1], -1)
+        else:
+            y = quant_matmul(x, self.qweight)
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
 
@@ -129,7 +136,48 @@ def quantize_model(model: nn.Module, scheme: str) -> nn.Module:
         if id(w) not in done:
             done[id(w)] = quantize(w, scheme)
         set_quantized(model, name, done[id(w)])
+    return fuse_quantized(model)
+
+
+FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # projections of one input
+
+
+def fuse_quantized(model: nn.Module) -> nn.Module:
+    """Store each module's q/k/v (and gate/up) QuantLinear weights in one buffer per tensor, the
+    members holding row views of it (no copy kept), so that `fused_outputs` computes them in one
+    kernel call: one activation quantization and one pass over the threads instead of three.
+    The outputs are identical (rows are independent). Returns the model (changed in place)."""
+    for module in model.modules():
+        for names in FUSED:
+            layers = [getattr(module, n, None) for n in names]
+            if not all(isinstance(m, QuantLinear) for m in layers) or len({(m.scheme, m.in_features, m.bias is None)
+                                                                           for m in layers}) != 1:
+                continue
+            parts = [m.qweight for m in layers]
+            cat = {k: None if parts[0].m is None and k == "m" else torch.cat([getattr(p, k) for p in parts])
+                   for k in ("qs", "d", "m")}
+            bias = None if layers[0].bias is None else torch.cat([m.bias for m in layers])
+            group = QuantLinear(QuantWeight(parts[0].scheme, cat["qs"], cat["d"], cat["m"]), bias)
+            start = 0
+            for m in layers:
+                rows = m.out_features
+                for k in ("qs", "d", "m"):
+                    if cat[k] is not None:
+                        setattr(m, k, cat[k][start:start + rows])
+                if m.bias is not None:
+                    m.bias = nn.Parameter(group.bias[start:start + rows], requires_grad=False)
+                start += rows
+            # not a registered sub-module: the group's tensors are the members' (no state-dict entry)
+            object.__setattr__(layers[0], "fused_group", (group, tuple(layers)))
     return model
+
+
+def fused_outputs(x: torch.Tensor, *layers: nn.Module) -> tuple[torch.Tensor, ...]:
+    """(layer(x) for layer in layers), in one kernel call when fuse_quantized joined exactly these."""
+    group = getattr(layers[0], "fused_group", None)
+    if group is not None and len(group[1]) == len(layers) and all(a is b for a, b in zip(group[1], layers)):
+        return group[0](x).split([m.out_features for m in layers], dim=-1)
+    return tuple(layer(x) for layer in layers)
 
 
 def quantized_bytes(model: nn.Module) -> int:
