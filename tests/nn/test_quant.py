@@ -18,7 +18,7 @@ from attnlab.generate import generate
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.nn.quant import (GGML_TYPE, SCHEMES, dequantize, from_gguf_blocks, quantize,
                               quantize_activations, to_gguf_blocks)
-from attnlab.nn.quant_kernel import kernel, quant_matmul
+from attnlab.nn.quant_kernel import PREFILL_ROWS, kernel, quant_matmul
 from attnlab.nn.quant_linear import QuantEmbedding, QuantLinear, check_dtype, quantize_model, set_dtype
 
 IMPLS = ["torch"] + (["cpp"] if kernel() == "cpp" else [])
@@ -70,7 +70,7 @@ def test_activation_quantization_error_is_half_a_step():
 @pytest.mark.parametrize("scheme", SCHEMES)
 @pytest.mark.parametrize("rows", [1, 3, 7])
 def test_quant_linear_within_the_rounding_bound(scheme, impl, rows):
-    w = _weights(rows=37, cols=192)  # 37: not a multiple of the kernel's 4-row tile
+    w = _weights(rows=37, cols=192)  # 37: not a multiple of the kernel's 4-row tile (rows < PREFILL_ROWS)
     qw = quantize(w, scheme)
     wd = dequantize(qw)
     x = torch.randn(rows, 192) * torch.linspace(0.1, 20, 192)
@@ -81,6 +81,18 @@ def test_quant_linear_within_the_rounding_bound(scheme, impl, rows):
     slack = 1e-5 * (x.abs().double() @ wd.abs().double().T)
     assert bool(((y.double() - exact).abs() <= bound + slack).all())
     assert float((y - exact).abs().max()) > 0  # activations are really quantized
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_many_rows_take_the_bf16_product(scheme, impl):
+    qw = quantize(_weights(rows=40, cols=128), scheme)
+    x = torch.randn(PREFILL_ROWS, 128)
+    expected = F.linear(x.bfloat16(), dequantize(qw).bfloat16()).float()
+    assert torch.equal(quant_matmul(x, qw, impl), expected)
+    layer = QuantLinear(qw)
+    assert torch.equal(layer(x[None]), expected[None])
+    assert torch.allclose(layer(x[:5]), quant_matmul(x[:5], qw, impl), rtol=1e-5, atol=1e-4)  # int8 below
 
 
 @pytest.mark.skipif("cpp" not in IMPLS, reason="the C++ kernel is not available here")

@@ -183,12 +183,65 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& qs, const at::Ten
   return y;
 }
 
+// 16 fp32 -> 16 bf16, round to nearest even (finite inputs), AVX512F only
+inline __m256i to_bf16(__m512 v) {
+  __m512i b = _mm512_castps_si512(v);
+  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+  b = _mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(b, 16));
+}
+
+// W (O, I) as bf16: the dequantized weight (q · d, (q − 8) · d, q · d + m in fp32, then rounded),
+// for products with many rows (prefill), which a bf16 GEMM (oneDNN, AMX where present) does faster.
+at::Tensor dequantize_bf16(const at::Tensor& qs, const at::Tensor& d, const c10::optional<at::Tensor>& m,
+                           int64_t scheme) {
+  TORCH_CHECK(d.dim() == 2 && d.scalar_type() == at::kHalf && d.is_contiguous(), "d must be (O, NB) float16");
+  const int64_t out = d.size(0), nb = d.size(1), in = nb * QK;
+  TORCH_CHECK(qs.is_contiguous() && qs.numel() == out * (scheme == Q8_0 ? in : in / 2), "qs does not match d");
+  TORCH_CHECK(scheme != Q4_1 || (m.has_value() && m->is_contiguous() && m->sizes() == d.sizes()),
+              "q4_1 needs m of d's shape");
+  at::Tensor w = at::empty({out, in}, d.options().dtype(at::kBFloat16));
+  const uint8_t* q = (const uint8_t*)qs.data_ptr();
+  const at::Half* dp = d.data_ptr<at::Half>();
+  const at::Half* mp = scheme == Q4_1 ? m->data_ptr<at::Half>() : nullptr;
+  uint16_t* wp = (uint16_t*)w.data_ptr();
+  at::parallel_for(0, out, 16, [&](int64_t o0, int64_t o1) {
+    for (int64_t o = o0; o < o1; ++o)
+      for (int64_t b = 0; b < nb; ++b) {
+        const __m512 dv = _mm512_set1_ps((float)dp[o * nb + b]);
+        __m512 lo, hi;
+        if (scheme == Q8_0) {
+          const uint8_t* p = q + o * in + b * QK;
+          lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
+          hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(p + 16))));
+          lo = _mm512_mul_ps(lo, dv), hi = _mm512_mul_ps(hi, dv);
+        } else {
+          __m128i v = _mm_loadu_si128((const __m128i*)(q + o * in / 2 + b * 16));
+          lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, _mm_set1_epi8(0x0F))));
+          hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0F))));
+          if (scheme == Q4_0) {
+            lo = _mm512_mul_ps(dv, _mm512_sub_ps(lo, _mm512_set1_ps(8.0f)));
+            hi = _mm512_mul_ps(dv, _mm512_sub_ps(hi, _mm512_set1_ps(8.0f)));
+          } else {
+            const __m512 mv = _mm512_set1_ps((float)mp[o * nb + b]);
+            lo = _mm512_add_ps(_mm512_mul_ps(dv, lo), mv), hi = _mm512_add_ps(_mm512_mul_ps(dv, hi), mv);
+          }
+        }
+        _mm256_storeu_si256((__m256i*)(wp + o * in + b * QK), to_bf16(lo));
+        _mm256_storeu_si256((__m256i*)(wp + o * in + b * QK + 16), to_bf16(hi));
+      }
+  });
+  return w;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(attnlab_quant, lib) {
   lib.def("linear(Tensor x, Tensor qs, Tensor d, Tensor? m, int scheme) -> Tensor");
+  lib.def("dequantize_bf16(Tensor qs, Tensor d, Tensor? m, int scheme) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(attnlab_quant, CPU, lib) {
   lib.impl("linear", &quant_linear);
+  lib.impl("dequantize_bf16", &dequantize_bf16);
 }

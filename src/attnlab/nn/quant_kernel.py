@@ -1,7 +1,13 @@
 """The product y = x · Wᵀ of fp32 activations and a block-quantized weight (nn/quant.py).
 
 Shape legend: R rows, I in_features, O out_features, NB = I / 32.
-Two implementations of one formula, F.linear(dequantize(quantize_activations(x)), dequantize(W)):
+Products of fewer than PREFILL_ROWS rows (decoding) use int8 arithmetic per 32-block, llama.cpp's
+way: F.linear(dequantize(quantize_activations(x)), dequantize(W)). Products of more rows (prefill,
+scoring) are compute-bound, and there a bf16 GEMM (oneDNN; AMX tiles on CPUs that have them) beats
+int8 dot products: W is dequantized to bf16 for the call (fp32 dequantization rounded to nearest
+even) and y = F.linear(bf16(x), bf16(Ŵ)), accumulated in fp32 and rounded to bf16 on output
+(bench/quant_kernels.py measures both; at 64 rows the bf16 route is about 1.8× faster here).
+Two implementations of each formula:
     "cpp"    quant_kernel.cpp, a small C++ extension (AVX512-VNNI int8 dot products per 32-block,
              llama.cpp's scheme), compiled with torch.utils.cpp_extension at first use (about a minute,
              cached under ~/.cache/torch_extensions) on x86-64 CPUs with AVX512-VNNI and a C++ compiler;
@@ -24,6 +30,7 @@ from attnlab.nn.quant import BLOCK, QuantWeight, dequantize, quantize_activation
 SOURCE = Path(__file__).with_name("quant_kernel.cpp")
 SCHEME_ID = {"q8_0": 0, "q4_0": 1, "q4_1": 2}
 FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mf16c", "-mfma"]
+PREFILL_ROWS = 32    # from this many rows on, the bf16 GEMM route (module doc)
 FALLBACK_ROWS = 4096  # W rows dequantized at once by the fallback (bounds its fp32 temporary)
 _state: dict = {}
 
@@ -48,6 +55,7 @@ def _build() -> str | None:
         cpp_extension.load(name="attnlab_quant_kernel", sources=[str(SOURCE)], extra_cflags=FLAGS,
                            is_python_module=False, verbose=False)
         torch.library.register_fake("attnlab_quant::linear")(_fake)
+        torch.library.register_fake("attnlab_quant::dequantize_bf16")(_fake_bf16)
     except Exception as err:  # any build or load failure: fall back, saying why
         return f"building {SOURCE.name} failed ({type(err).__name__}: {str(err).splitlines()[0][:200]})"
     return None
@@ -55,6 +63,10 @@ def _build() -> str | None:
 
 def _fake(x, qs, d, m, scheme):
     return x.new_empty(x.shape[0], d.shape[0])
+
+
+def _fake_bf16(qs, d, m, scheme):
+    return d.new_empty(d.shape[0], d.shape[1] * BLOCK, dtype=torch.bfloat16)
 
 
 def kernel() -> str:
@@ -68,13 +80,16 @@ def kernel() -> str:
 
 
 def matmul_reference(x: torch.Tensor, qw: QuantWeight) -> torch.Tensor:
-    """The fallback: F.linear(dequantize(quantize_activations(x)), dequantize(W)), W in row slices.
+    """The fallback: F.linear(dequantize(quantize_activations(x)), dequantize(W)), W in row slices
+    (from PREFILL_ROWS rows on: the bf16 product of the module doc).
 
     Args:
         x: (R, I) fp32. qw: an (O, I) QuantWeight.
     Returns:
         (R, O) fp32.
     """
+    if x.shape[0] >= PREFILL_ROWS:
+        return F.linear(x.to(torch.bfloat16), dequantize(qw).to(torch.bfloat16)).to(torch.float32)
     q, d = quantize_activations(x)
     r, i = x.shape
     xd = (q.reshape(r, -1, BLOCK).to(torch.float32) * d.unsqueeze(-1)).reshape(r, i)
@@ -103,7 +118,10 @@ def quant_matmul(x: torch.Tensor, qw: QuantWeight, impl: str | None = None) -> t
     use_cpp = (impl or kernel()) == "cpp" and x.device.type == "cpu" and (in_features // BLOCK) % 2 == 0
     if use_cpp and impl == "cpp" and kernel() != "cpp":
         raise ValueError("the C++ quantized kernel is not available here")
-    if use_cpp:
+    if use_cpp and x2.shape[0] >= PREFILL_ROWS:
+        w = torch.ops.attnlab_quant.dequantize_bf16(qw.qs, qw.d, qw.m, SCHEME_ID[qw.scheme])
+        y = F.linear(x2.to(torch.bfloat16), w).to(torch.float32)
+    elif use_cpp:
         y = torch.ops.attnlab_quant.linear(x2, qw.qs, qw.d, qw.m, SCHEME_ID[qw.scheme])
     else:
         y = matmul_reference(x2, qw)

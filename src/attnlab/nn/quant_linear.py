@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from attnlab.nn.quant import SCHEMES, QuantWeight, check_scheme, dequantize, quantize
-from attnlab.nn.quant_kernel import SCHEME_ID, kernel, quant_matmul
+from attnlab.nn.quant_kernel import PREFILL_ROWS, SCHEME_ID, kernel, quant_matmul
 
 FLOAT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 DTYPES = ("auto", *FLOAT_DTYPES, *SCHEMES)  # "auto": as stored (a GGUF file keeps its block types)
@@ -49,10 +49,12 @@ class _QuantBuffers(nn.Module):
 class QuantLinear(_QuantBuffers):
     """y = x Wᵀ + b with W block-quantized.
 
-    forward: x (..., I) float -> (..., O), x's dtype. Activations are quantized per 32-block to int8
-    (scale max|x| / 127), so the result equals F.linear(x̂, Ŵ) + b up to fp32 summation order, where
-    Ŵ = dequantize(W) and x̂ is x rounded to its blocks' int8 grid: |y − F.linear(x, Ŵ)| ≤
-    Σ_b (dx_b / 2) Σ_{i∈b} |Ŵ_oi| per output (tests/nn/test_quant_linear.py).
+    forward: x (..., I) float -> (..., O), x's dtype. Below PREFILL_ROWS rows (decoding) activations
+    are quantized per 32-block to int8 (scale max|x| / 127), so the result equals F.linear(x̂, Ŵ) + b
+    up to fp32 summation order, where Ŵ = dequantize(W) and x̂ is x rounded to its blocks' int8 grid:
+    |y − F.linear(x, Ŵ)| ≤ Σ_b (dx_b / 2) Σ_{i∈b} |Ŵ_oi| per output. From PREFILL_ROWS rows on
+    (prefill) it is F.linear(bf16(x), bf16(Ŵ)), rounded to bf16 (nn/quant_kernel.py;
+    tests/nn/test_quant.py checks both).
     """
 
     def __init__(self, qw: QuantWeight, bias: torch.Tensor | None = None):
@@ -72,7 +74,7 @@ class QuantLinear(_QuantBuffers):
         """(..., I) -> (..., O)."""
         if self._fast is None:  # decided once: the C++ kernel takes fp32 CPU rows directly
             self._fast = kernel() == "cpp" and self.qs.device.type == "cpu" and self.d.shape[1] % 2 == 0
-        if self._fast and x.dtype == torch.float32 and x.device.type == "cpu":
+        if self._fast and x.dtype == torch.float32 and x.device.type == "cpu" and x.numel() < PREFILL_ROWS * x.shape[-1]:
             y = torch.ops.attnlab_quant.linear(x.reshape(-1, x.shape[-1]), self.qs, self.d, self.m,
                                                SCHEME_ID[self.scheme]).view(*x.shape[:-1], -1)
         else:
