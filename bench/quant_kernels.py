@@ -8,7 +8,9 @@ R = 1 is what decoding one token must do, R = 64 what a 64-token prefill does. C
     torch._int_mm (int8 × int8, per-row scales; needs R > 16 on CPU, so it is timed with R padded to 17),
     attnlab quant_matmul q8_0 / q4_0 / q4_1: the C++ AVX512-VNNI kernel and the PyTorch fallback.
 Reports ms per pass (best of --repeats), the weight bytes one pass reads, GB/s and, for R = 1, the
-tokens/s ceiling 1 / pass time. Prints one JSON line.
+tokens/s ceiling 1 / pass time. Also times dequantizing every matrix of the SmolLM2 GGUF to fp32
+(what loading at fp32 does) with our numpy dequantizer (interop/gguf_quants.py) and with gguf-py's
+gguf.quants.dequantize, checking they agree bit for bit. Prints one JSON line.
 
     python bench/quant_kernels.py [--rows 1 64] [--repeats 5] [--threads 2]
 """
@@ -91,7 +93,25 @@ def main() -> None:
                 else:
                     res[name]["tok_s"] = round(rows / t, 1)
             out["results"][f"rows={rows}"] = res
+    out["dequantize_smollm2_matrices_s"] = dequantize_file()
     print(json.dumps(out))
+
+
+def dequantize_file() -> dict:
+    import gguf  # optional (the hf extra)
+    import numpy as np
+    from attnlab.interop.gguf_quants import dequantize
+    from attnlab.pretrained import resolve
+    tensors = [t for t in gguf.GGUFReader(str(resolve("smollm2-135m"))).tensors if len(t.shape) == 2]
+    shape = {t.name: tuple(int(d) for d in reversed(t.shape)) for t in tensors}
+    res, outs = {}, {}
+    for name, fn in (("attnlab gguf_quants", lambda t: dequantize(t.data, t.tensor_type, shape[t.name])),
+                     ("gguf.quants", lambda t: gguf.quants.dequantize(t.data, t.tensor_type))):
+        t0 = time.perf_counter()
+        outs[name] = [fn(t) for t in tensors]
+        res[name] = round(time.perf_counter() - t0, 2)
+    res["bit_identical"] = all(np.array_equal(a, b) for a, b in zip(*outs.values()))
+    return res
 
 
 if __name__ == "__main__":
