@@ -7,7 +7,10 @@ embedding, kept as stored) it reports:
     greedy agreement over 64 new tokens on the same 3 prompts (fraction of positions equal, and the
     first position where they differ, -1 = none),
     perplexity on the first --tokens tokens (default 20,000) of Tiny Shakespeare's validation text
-    (the last 10 % of input.txt), scored in consecutive windows of --window tokens.
+    (the last 10 % of input.txt), scored in consecutive windows of --window tokens. A window is a
+    product of many rows, which quantized layers compute as a bf16 GEMM of the dequantized weight
+    (nn/quant_kernel.py, PREFILL_ROWS); "perplexity_int8_path" scores the same text through the
+    int8 kernel that decoding uses (activations quantized per 32-block), for q8_0 and gguf.
 With llama-cpp-python installed, llama.cpp's perplexity on the same token ids and windows at F32, Q8_0,
 Q4_0 (re-quantized by llama.cpp from the file) and Q4_1 (the file).
 Prints one JSON line (and writes it to --out).
@@ -30,6 +33,7 @@ from _common import SHARED
 from attnlab.data.text import split_text
 from attnlab.generate import generate
 from attnlab.load import load_causal_lm
+from attnlab.nn import quant_kernel, quant_linear
 from attnlab.pretrained import resolve
 
 PRECISIONS = ("bf16", "q8_0", "q4_0", "q4_1", "auto")
@@ -76,6 +80,7 @@ def ours(args) -> tuple[dict, list]:
     ref_greedy = [generate(ref.model, [p], args.new, stop_tokens=[])[0] for p in ps]
     t0 = time.perf_counter()
     total, count = nll(ref.model, ids, args.window)
+    rows = quant_kernel.PREFILL_ROWS
     out = {"fp32": {"perplexity": round(math.exp(total / count), 4), "seconds": round(time.perf_counter() - t0, 1)}}
     for dtype in PRECISIONS:
         m = load_causal_lm("smollm2-135m", dtype).model
@@ -84,11 +89,18 @@ def ours(args) -> tuple[dict, list]:
         t0 = time.perf_counter()
         total, count = nll(m, ids, args.window)
         ppl = math.exp(total / count)
-        out["gguf (file: Q4_1 + Q8_0 embedding)" if dtype == "auto" else dtype] = {
+        key = "gguf (file: Q4_1 + Q8_0 embedding)" if dtype == "auto" else dtype
+        out[key] = {
             "max_abs_logit_diff_vs_fp32": round(diff, 4), "greedy_agreement": [a for a, _ in agree],
             "greedy_first_difference": [f for _, f in agree], "perplexity": round(ppl, 4),
             "perplexity_vs_fp32": round(ppl / out["fp32"]["perplexity"] - 1, 5),
             "seconds": round(time.perf_counter() - t0, 1)}
+        if dtype in ("q8_0", "auto"):
+            quant_kernel.PREFILL_ROWS = quant_linear.PREFILL_ROWS = 10 ** 9  # every product on the int8 path
+            total, count = nll(m, ids, args.window)
+            quant_kernel.PREFILL_ROWS = quant_linear.PREFILL_ROWS = rows
+            out[key]["perplexity_int8_path"] = round(math.exp(total / count), 4)
+            out[key]["perplexity_int8_path_vs_fp32"] = round(math.exp(total / count) / out["fp32"]["perplexity"] - 1, 5)
         del m
     return out, ids
 
@@ -115,9 +127,13 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out")
+    ap.add_argument("--llamacpp-only", action="store_true", help="only llama.cpp's perplexities")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    result, ids = ours(args)
+    if args.llamacpp_only:
+        result, ids = {}, val_ids(load_causal_lm("smollm2-135m", "fp32").tokenizer, args.tokens)
+    else:
+        result, ids = ours(args)
     line = json.dumps({"bench": "quant_accuracy", "model": "SmolLM2-135M-Instruct", "threads": args.threads,
                        "val_tokens": len(ids), "window": args.window, "new_tokens": args.new, "attnlab": result,
                        "llama.cpp": llamacpp(args, ids)})
