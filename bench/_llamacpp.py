@@ -13,6 +13,7 @@ import time
 try:  # optional: pip install 'attnlab[bench]' (builds llama.cpp from source)
     import llama_cpp
     from llama_cpp import Llama
+    _default_params = llama_cpp.llama_cpp.llama_model_default_params
 except ImportError:
     llama_cpp = None
 
@@ -36,7 +37,18 @@ def requantize(src: str, kind: str, out: str, threads: int) -> str:
     return out
 
 
+def _no_extra_buffer_types():
+    """Model parameters with use_extra_bufts = False. llama.cpp built with GGML_NATIVE on this
+    Sapphire Rapids VM compiles its AMX int8 kernels (an "extra buffer type"), whose tile
+    instructions raise SIGILL here (the VM does not enable AMX tile state); without extra buffer
+    types llama.cpp multiplies with its AVX512-VNNI vec_dot kernels (and does not repack weights)."""
+    params = _default_params()
+    params.use_extra_bufts = False
+    return params
+
+
 def load(path: str, threads: int, n_ctx: int = 512, logits_all: bool = False):
+    llama_cpp.llama_cpp.llama_model_default_params = _no_extra_buffer_types
     return Llama(model_path=path, n_threads=threads, n_threads_batch=threads, n_ctx=n_ctx, n_batch=n_ctx,
                  verbose=False, logits_all=logits_all)
 
