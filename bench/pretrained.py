@@ -97,12 +97,12 @@ def matvec_stream(model, fn, repeats: int = 3) -> dict:
     return {"ms": round(best * 1e3, 1), "gb_s": round(nbytes / best / 1e9, 1), "tok_s_ceiling": round(1 / best, 1)}
 
 
-def llamacpp(ids: list[int], new: int, repeats: int, threads: int) -> dict:
+def llamacpp(ids: list[int], new: int, repeats: int, threads: int, kinds) -> dict:
     if peer.version() is None:
         return {"skipped": "llama-cpp-python is not installed (pip install 'attnlab[bench]')"}
     src, tmp = str(resolve("smollm2-135m")), tempfile.mkdtemp()
     out = {}
-    for kind in ("F32", "Q8_0", "Q4_0", "Q4_1"):
+    for kind in kinds:
         path = src if kind == "Q4_1" else peer.requantize(src, kind, f"{tmp}/{kind}.gguf", threads)
         llm = peer.load(path, threads)
         out[kind] = {**peer.speed(llm, ids, new, repeats), "weight_bytes": peer.file_bytes(path),
@@ -118,10 +118,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-transformers", action="store_true")
+    ap.add_argument("--ours", nargs="+", choices=OURS, default=list(OURS), help="our precisions to time")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     peaks = machine_peaks()
-    models = {name: load_causal_lm("smollm2-135m", "auto" if name == "gguf" else name) for name in OURS}
+    models = {name: load_causal_lm("smollm2-135m", "auto" if name == "gguf" else name)
+              for name in dict.fromkeys(["fp32", *args.ours])}
     ids = prompt_ids(models["fp32"].tokenizer, args.prompt_tokens)
     sides = {name: (time_ours, loaded) for name, loaded in models.items()}
     if not args.no_transformers:
@@ -142,7 +144,7 @@ def main() -> None:
         best[name]["weight_bytes"] = quantized_bytes(loaded.model)
     if "transformers fp32" in best:
         best["transformers fp32"]["weight_bytes"] = best["fp32"]["weight_bytes"]
-    peers = llamacpp(ids, args.new_tokens, args.repeats, args.threads)
+    peers = llamacpp(ids, args.new_tokens, args.repeats, args.threads, [PEER_OF[o] for o in models if o in PEER_OF])
     reference = best["fp32"]["tokens"]
     table = {**best, **{f"llama.cpp {k}": v for k, v in peers.items() if isinstance(v, dict)}}
     for rec in table.values():
@@ -153,7 +155,7 @@ def main() -> None:
             rec["fraction_of_roofline"] = round(rec["decode_tok_s"] / bound, 3)
     ratios = {}
     for ours, theirs in PEER_OF.items():
-        if f"llama.cpp {theirs}" in table:
+        if f"llama.cpp {theirs}" in table and ours in table:
             for k in ("decode_tok_s", "prefill_tok_s"):
                 ratios[f"{k} ours {ours} / llama.cpp {theirs}"] = round(table[ours][k] / table[f"llama.cpp {theirs}"][k], 2)
     if "transformers fp32" in table:
