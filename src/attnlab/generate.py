@@ -290,7 +290,7 @@ def generate(model, prompts: list[list[int]], max_new_tokens: int = 128, tempera
     sampling.check_sampling(temperature, top_k, top_p)
     stop = set(stop_tokens if stop_tokens is not None else [t for t in [model.cfg.eos_id] if t is not None])
     generator = torch.Generator().manual_seed(seed) if seed is not None else None
-    device = model.embed_tokens.weight.device
+    device = next(model.parameters()).device
     window = context_window(model)
     ids, mask = _left_pad(prompts, 0, device)  # (B, L) each, growing by one column per step
     padded = not bool(mask.all())

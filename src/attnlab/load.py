@@ -15,6 +15,8 @@ from attnlab.interop.hf import load_hf
 from attnlab.interop.hf_bert import load_hf_bert
 from attnlab.interop.hf_mamba import load_mamba_hf
 from attnlab.jsonfile import read_json
+from attnlab.nn.quant import SCHEMES
+from attnlab.nn.quant_linear import check_dtype, set_dtype
 from attnlab.pretrained import resolve
 from attnlab.tasks.registry import load_run
 from attnlab.tokenizers import ByteLevelBPE
@@ -64,19 +66,38 @@ def _check_kind(loaded: Loaded, wanted: tuple[str, ...], what: str) -> Loaded:
     return loaded
 
 
-def load_model(name_or_path: str) -> Loaded:
+def _at_dtype(loaded: Loaded, dtype: str) -> Loaded:
+    """Convert a loaded fp32 model to `dtype` (nn.quant_linear.set_dtype); block quantization is
+    for GPT-family models only."""
+    if dtype in SCHEMES and loaded.model_type != "gpt":
+        raise ValueError(f"--dtype {dtype} (quantized weights) is implemented for GPT-family models; "
+                         f"{loaded.source} is a {loaded.model_type} model (use fp32 or bf16)")
+    set_dtype(loaded.model, dtype)
+    return loaded
+
+
+def load_model(name_or_path: str, dtype: str = "auto") -> Loaded:
     """Any model: a name (smollm2-135m, all-minilm-l6-v2), a GGUF file, a HF model directory
     (config.json + safetensors + tokenizer.json: llama, mistral, qwen2, mixtral, gpt2, mamba, bert) or one
-    of our run directories.
+    of our run directories, at `dtype` (nn.quant_linear.DTYPES): "auto" = as stored (a GGUF file's
+    Q8_0 / Q4_0 / Q4_1 matrices stay quantized; everything else fp32), "fp32" (GGUF dequantized: the
+    reference), "bf16", or a block quantization "q8_0" / "q4_0" / "q4_1" (GPT-family models).
 
     Raises:
-        FileNotFoundError, ValueError: naming what is missing or unsupported.
+        FileNotFoundError, ValueError: naming what is missing or unsupported (a dtype we do not
+            implement is named with the supported ones).
     """
+    check_dtype(dtype)
     path = resolve(name_or_path)
     if path.is_file():
-        model, tokenizer, metadata = load_gguf(path)
+        model, tokenizer, metadata = load_gguf(path, dtype)
         return Loaded(model, tokenizer, "gpt", path, metadata.get("tokenizer.chat_template"),
                       _special_strings(tokenizer, model.cfg))
+    return _at_dtype(_load_directory(path), dtype)
+
+
+def _load_directory(path: Path) -> Loaded:
+    """A run directory or a HF model directory, fp32."""
     config = _model_dir(path)
     if is_run_dir(path):
         run = load_run(path)
@@ -97,13 +118,13 @@ def load_model(name_or_path: str) -> Loaded:
     return Loaded(model.eval(), tokenizer, model_type, path, template, _special_strings(tokenizer, model.cfg))
 
 
-def load_causal_lm(name_or_path: str) -> Loaded:
-    """A decoder-only language model (load_model, then checked to continue text).
+def load_causal_lm(name_or_path: str, dtype: str = "auto") -> Loaded:
+    """A decoder-only language model (load_model at `dtype`, then checked to continue text).
 
     Raises:
         FileNotFoundError, ValueError: naming what is missing, unsupported or of another kind.
     """
-    return _check_kind(load_model(name_or_path), CAUSAL, "text generation")
+    return _check_kind(load_model(name_or_path, dtype), CAUSAL, "text generation")
 
 
 def load_encoder(name_or_path: str) -> Loaded:

@@ -14,7 +14,9 @@ from attnlab.cli.args import (beam, check_text, nonnegative_float, positive_int,
 from attnlab.convert import convert
 from attnlab.embed import embed
 from attnlab.generate import check_context, generate
+from attnlab.interop.gguf_write import GGUF_OUT_TYPES
 from attnlab.load import load_causal_lm, load_encoder
+from attnlab.nn.quant_linear import DTYPES
 from attnlab.sampling import check_sampling
 from attnlab.tasks.registry import load_run, task_of_run
 from attnlab.tasks.translation import TranslationDataConfig, translate
@@ -48,7 +50,7 @@ def cmd_generate(args) -> None:
     if any(p == "" for p in prompts):
         raise ValueError("--prompt is empty; give some text to continue")
     check_sampling(args.temperature, args.top_k, args.top_p)
-    loaded = load_causal_lm(args.model)
+    loaded = load_causal_lm(args.model, args.dtype)
     model, tokenizer = loaded.model, loaded.tokenizer
     ids = [tokenizer.encode(p) for p in prompts]
     for p, i in zip(prompts, ids):
@@ -57,7 +59,8 @@ def cmd_generate(args) -> None:
     max_new = 200 if args.max_new_tokens is None else args.max_new_tokens
     check_context(model, max(map(len, ids)), max_new)  # before any output
     kwargs = dict(max_new_tokens=max_new, temperature=args.temperature, top_k=args.top_k,
-                  top_p=args.top_p, seed=args.seed, use_cache=not args.no_cache)
+                  top_p=args.top_p, seed=args.seed, use_cache=not args.no_cache,
+                  stop_tokens=[] if args.ignore_eos else None)
     if len(prompts) == 1:  # stream the text as it is generated
         stream = TextStream(tokenizer, _write)
         _write(prompts[0])
@@ -70,7 +73,7 @@ def cmd_generate(args) -> None:
 
 
 def cmd_chat(args) -> None:
-    chat = Chat(load_causal_lm(args.model), args.system, max_new_tokens=args.max_new_tokens,
+    chat = Chat(load_causal_lm(args.model, args.dtype), args.system, max_new_tokens=args.max_new_tokens,
                 temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     interactive = sys.stdin.isatty()
     if interactive:
@@ -111,7 +114,15 @@ def cmd_classify(args) -> None:
 
 
 def cmd_convert(args) -> None:
-    print(json.dumps(convert(args.source, args.to)))
+    print(json.dumps(convert(args.source, args.to, args.quantize)))
+
+
+def dtype_arg(p) -> None:
+    """--dtype on a command that loads a language model."""
+    p.add_argument("--dtype", choices=DTYPES, default="auto",
+                   help="weights in memory: auto (as stored: a GGUF file's Q8_0/Q4_0/Q4_1 stay quantized, "
+                   "else fp32), fp32 (GGUF dequantized; the reference), bf16, or a block quantization "
+                   "q8_0 / q4_0 / q4_1 (int8 kernels; GPT-family models)")
 
 
 def _sampling_args(p, temperature: float, default_new: int | None = None) -> None:
@@ -141,6 +152,9 @@ def add_model_parsers(sub) -> None:
                    "(then one JSON line per prompt)")
     _sampling_args(g, 0.8)
     g.add_argument("--no-cache", action="store_true", help="recompute every position at each step (no KV cache)")
+    g.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-text token: generate "
+                   "exactly --max-new-tokens")
+    dtype_arg(g)
     g.set_defaults(func=cmd_generate)
 
     c = sub.add_parser("chat", help="multi-turn chat with an instruction-tuned model and its chat template "
@@ -148,6 +162,7 @@ def add_model_parsers(sub) -> None:
     c.add_argument("--model", required=True, help="smollm2-135m, a .gguf file or a HF model directory")
     c.add_argument("--system", help="a system message")
     _sampling_args(c, 0.0, default_new=256)
+    dtype_arg(c)
     c.set_defaults(func=cmd_chat)
 
     e = sub.add_parser("embed", help="sentence embeddings (mean-pooled, normalised) as a JSON list of lists")
@@ -162,7 +177,9 @@ def add_model_parsers(sub) -> None:
     k.set_defaults(func=cmd_classify)
 
     v = sub.add_parser("convert", help="write a model (GGUF file, HF directory, our run directory) as a HF "
-                       "directory that transformers loads")
+                       "directory that transformers loads, or (--to FILE.gguf) as a GGUF file llama.cpp runs")
     v.add_argument("--from", dest="source", required=True, help="a name, .gguf file or model directory")
-    v.add_argument("--to", required=True, help="the output directory")
+    v.add_argument("--to", required=True, help="the output directory, or a .gguf file (LLaMA-family GPT models)")
+    v.add_argument("--quantize", choices=GGUF_OUT_TYPES, help="GGUF out only: the weight matrices' type "
+                   "(default fp32; norms stay F32)")
     v.set_defaults(func=cmd_convert)

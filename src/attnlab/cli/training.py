@@ -11,6 +11,8 @@ from pathlib import Path
 
 from attnlab.cli.args import beam, positive_float, positive_int
 from attnlab.files import DiskFullError
+from attnlab.nn.quant_linear import FLOAT_DTYPES
+from attnlab.nn.quant import SCHEMES
 from attnlab.recipes import RECIPES, get_recipe
 from attnlab.tasks.registry import evaluate_run, task_of_recipe
 from attnlab.train.distributed import process_group
@@ -75,7 +77,8 @@ def cmd_train(args) -> None:
 
 
 def cmd_evaluate(args) -> None:
-    print(json.dumps(evaluate_run(args.model, args.split, args.limit, beam=args.beam)))
+    print(json.dumps(evaluate_run(args.model, args.split, args.limit, beam=args.beam,
+                                  dtype=None if args.dtype == "fp32" else args.dtype)))
 
 
 def add_training_parsers(sub) -> None:
@@ -100,4 +103,7 @@ def add_training_parsers(sub) -> None:
     e.add_argument("--limit", type=positive_int, help="only the first N sentences (translation) or tokens (LM)")
     e.add_argument("--beam", type=beam, help="translation beam size 1..64 (1 = greedy; default: the run's "
                    "beam_size, 4)")
+    e.add_argument("--dtype", choices=(*FLOAT_DTYPES, *SCHEMES), default="fp32",
+                   help="language models: score with the weights at fp32 (default), bf16 or a block "
+                   "quantization q8_0 / q4_0 / q4_1")
     e.set_defaults(func=cmd_evaluate)

@@ -23,9 +23,10 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 import torch
 
-from attnlab.models.gpt import GPTConfig
-from attnlab.interop.gguf_quants import dequantize
-from attnlab.models.gpt import GPT
+from attnlab.interop.gguf_quants import TYPES, dequantize
+from attnlab.models.gpt import GPT, GPTConfig
+from attnlab.nn.quant import SCHEMES, QuantWeight, from_gguf_blocks, quantize
+from attnlab.nn.quant_linear import check_dtype, fuse_quantized, set_dtype, set_quantized
 from attnlab.tokenizers.bpe import ByteLevelBPE
 from attnlab.tokenizers.gguf import tokenizer_from_metadata
 
@@ -150,12 +151,7 @@ def _read_header(path: Path) -> None:
                          "(refused before parsing)")
 
 
-def _state_dict(reader, model: GPT, tied: bool) -> dict[str, torch.Tensor]:
-    """Dequantize every tensor into our names and layout, after checking names and shapes."""
-    cfg = model.cfg
-    names = gguf_tensor_names(cfg.n_layers, tied)
-    own = model.state_dict()
-    found = {t.name: t for t in reader.tensors}
+def _check_tensors(found: Mapping[str, Any], names: Mapping[str, str], own: Mapping[str, torch.Tensor]) -> None:
     problems = [f"unexpected {n} {tuple(int(d) for d in reversed(t.shape))}"
                 for n, t in found.items() if n not in names]
     problems += [f"missing {g} {tuple(own[ours].shape)}" for g, ours in names.items() if g not in found]
@@ -165,36 +161,84 @@ def _state_dict(reader, model: GPT, tied: bool) -> dict[str, torch.Tensor]:
                             f"expected {tuple(own[ours].shape)}")
     if problems:
         raise ValueError("GGUF tensors do not match the config: " + "; ".join(problems))
-    state = {}
+
+
+def _target(tensor, dtype: str) -> str | None:
+    """The block scheme a weight matrix is held in at `dtype` (None = a float tensor)."""
+    if len(tensor.shape) != 2:
+        return None  # norms stay fp32
+    if dtype in SCHEMES:
+        return dtype
+    kind = TYPES.get(int(tensor.tensor_type), ("?", 0))[0].lower()
+    return kind if dtype == "auto" and kind in SCHEMES else None
+
+
+def _quantized(tensor, g: str, scheme: str, shape, n_heads: int | None) -> QuantWeight:
+    """One GGUF weight as a QuantWeight of `scheme`: its blocks as they are when the file already
+    holds that type, else dequantized and re-quantized; Q/K rows un-permuted (blocks lie in rows)."""
+    if TYPES.get(int(tensor.tensor_type), ("?", 0))[0].lower() == scheme:
+        qw = from_gguf_blocks(tensor.data, scheme, tuple(shape))
+    else:
+        qw = quantize(torch.from_numpy(dequantize(tensor.data, tensor.tensor_type, shape, g)), scheme)
+    if n_heads is None:
+        return qw
+    rows = torch.from_numpy(unpermute_qk(np.arange(shape[0])[:, None], n_heads)[:, 0])
+    return QuantWeight(scheme, qw.qs[rows], qw.d[rows], None if qw.m is None else qw.m[rows])
+
+
+def _load_weights(reader, model: GPT, tied: bool, dtype: str) -> None:
+    """Check names and shapes, then fill `model`: float tensors dequantized into our names and
+    layout; at a quantized dtype the weight matrices as QuantLinear / QuantEmbedding modules."""
+    cfg = model.cfg
+    names = gguf_tensor_names(cfg.n_layers, tied)
+    own = model.state_dict()
+    found = {t.name: t for t in reader.tensors}
+    _check_tensors(found, names, own)
+    state, quantized = {}, {}
     for g, ours in names.items():
         t = found[g]
+        heads = cfg.n_heads if ".attn_q." in g else cfg.n_kv_heads if ".attn_k." in g else None
+        scheme = _target(t, dtype)
+        if scheme is not None:
+            quantized[ours] = _quantized(t, g, scheme, own[ours].shape, heads)
+            continue
         w = dequantize(t.data, t.tensor_type, own[ours].shape, g)
-        if ".attn_q." in g or ".attn_k." in g:
-            w = unpermute_qk(w, cfg.n_heads if ".attn_q." in g else cfg.n_kv_heads)
-        state[ours] = torch.from_numpy(w)
+        state[ours] = torch.from_numpy(w if heads is None else unpermute_qk(w, heads))
     if tied:
-        state["lm_head.weight"] = state["embed_tokens.weight"]
-    return state
+        if "embed_tokens.weight" in quantized:
+            quantized["lm_head.weight"] = quantized["embed_tokens.weight"]
+        else:
+            state["lm_head.weight"] = state["embed_tokens.weight"]
+    missing, _ = model.load_state_dict(state, strict=False)
+    assert set(missing) <= set(quantized), missing
+    for ours, qw in quantized.items():
+        set_quantized(model, ours.removesuffix(".weight"), qw)
+    fuse_quantized(model)
 
 
-def load_gguf(path) -> tuple[GPT, ByteLevelBPE, dict[str, Any]]:
+def load_gguf(path, dtype: str = "fp32") -> tuple[GPT, ByteLevelBPE, dict[str, Any]]:
     """Load a llama.cpp GGUF model file: weights, hyper-parameters and tokenizer.
 
     Args:
         path: a .gguf file of general.architecture "llama" (e.g. tokenizers.gguf.find_smollm2_gguf()).
+        dtype: "fp32" (every tensor dequantized: the reference), "bf16", "auto" (the file's Q8_0 /
+            Q4_0 / Q4_1 matrices stay as they are, in QuantLinear / QuantEmbedding modules, others
+            fp32), or "q8_0" / "q4_0" / "q4_1" (every matrix held in that type: kept as stored when
+            the file has it, else dequantized and re-quantized one tensor at a time).
     Returns:
-        (model, tokenizer, metadata): a GPT in eval mode with fp32 weights (dequantized, Q/K rows
-        un-permuted); the byte-level BPE of the file (encode(text, "all") matches control tokens
+        (model, tokenizer, metadata): a GPT in eval mode (Q/K rows un-permuted); the byte-level BPE of the file (encode(text, "all") matches control tokens
         such as <|im_start|>); every metadata key -> value (tokenizer.chat_template included).
     Raises:
         FileNotFoundError: no such file.
         ValueError: the file does not start with the GGUF magic (checked before any parsing), it
-            is malformed, its architecture or a hyper-parameter is unsupported (named), its
+            is malformed, its architecture or a hyper-parameter is unsupported (named), dtype is
+            not one of nn.quant_linear.DTYPES (named), its
             tokenizer is not byte-level BPE, or tensors are missing, unexpected or mis-shaped
             (listed with their shapes), or use an unsupported type.
         ImportError: the `gguf` package is not installed (`pip install 'attnlab[hf]'`).
     """
     path = Path(path)
+    check_dtype(dtype)
     _read_header(path)
     try:
         from gguf import GGUFReader  # optional dependency (the hf extra)
@@ -209,7 +253,7 @@ def load_gguf(path) -> tuple[GPT, ByteLevelBPE, dict[str, Any]]:
         cfg = gpt_config_from_gguf(metadata, [t.name for t in reader.tensors])
         tokenizer = tokenizer_from_metadata(metadata).tokenizer
         model = GPT(cfg)
-        model.load_state_dict(_state_dict(reader, model, cfg.tie_embeddings))
+        _load_weights(reader, model, cfg.tie_embeddings, dtype)
     except ValueError as err:
         raise ValueError(f"{path}: {err}") from None
-    return model.eval(), tokenizer, metadata
+    return set_dtype(model, "bf16" if dtype == "bf16" else "fp32").eval(), tokenizer, metadata

@@ -208,7 +208,7 @@ _decoder_block(cfg) for _ in range(cfg.n_layers))
         """Allocate one pre-allocated KVCache per layer for `batch_size` sequences of up to `max_len`
         positions. With a sliding window W < max_len the caches roll and hold only 2·W positions.
         """
-        p = self.embed_tokens.weight
+        p = next(self.parameters())  # the activations' dtype and device (quantized layers hold buffers)
         window = self.cfg.sliding_window
         capacity = min(max_len, 2 * window) if window is not None else max_len
         window = window if window is not None and window < capacity else None

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.nn.linear import Linear
+from attnlab.nn.quant_linear import fused_outputs
 
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
@@ -65,7 +66,8 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T, D) -> (B, T, D)."""
-        return self.down_proj(self.dropout(F.silu(self.gate_proj(x)) * self.up_proj(x)))
+        gate, up = fused_outputs(x, self.gate_proj, self.up_proj)  # one call when quantized and fused
+        return self.down_proj(self.dropout(F.silu(gate) * up))
 
 
 def make_ffn(d_model: int, d_ff: int, activation: str, dropout: float = 0.0, bias: bool = True) -> nn.Module:

@@ -19,6 +19,8 @@ from attnlab.config import Config, check, check_literals
 from attnlab.interop.hf import save_hf
 from attnlab.data.text import TokenStream, char_tokenizer, read_text, split_text
 from attnlab.models.gpt import GPT, GPTConfig
+from attnlab.nn.quant import SCHEMES
+from attnlab.nn.quant_linear import set_dtype
 from attnlab.seeding import mix_seed
 from attnlab.tasks.base import Prepared, Run, RunSpec, Task
 from attnlab.tokenizers import ByteLevelBPE
@@ -145,6 +147,7 @@ class LanguageModelTask(Task):
     """
 
     model_type, model_class, model_config, data_config = "gpt", GPT, GPTConfig, TextDataConfig
+    evaluate_options = ("dtype",)
 
     def __init__(self, model_type: str = "gpt", model_class: type = GPT, model_config: type = GPTConfig,
                  export: Callable = save_hf):
@@ -184,15 +187,20 @@ class LanguageModelTask(Task):
         return Prepared(model_cfg, objective, save_files=lambda out: tokenizer.save(out / "tokenizer.json"),
                         summary=f"{len(train)} training tokens, {len(val)} validation tokens")
 
-    def evaluate_run(self, run: Run, split: str | None, limit: int | None) -> dict:
+    def evaluate_run(self, run: Run, split: str | None, limit: int | None, dtype: str = "fp32") -> dict:
         """Validation loss (nats per token), perplexity and bits per byte on the held-out text ("val";
         "test" is the same text: these corpora have no third split) or the training text ("train"),
-        scored once in consecutive blocks of block_size tokens; `limit`: the first N tokens only.
+        scored once in consecutive blocks of block_size tokens; `limit`: the first N tokens only;
+        `dtype`: the weights' precision (nn.quant_linear.set_dtype; block quantization: GPT only).
 
         Returns:
             {"split", "n" (tokens scored), "val_loss", "perplexity", "bits_per_byte"}.
         """
         split = split or "val"
+        if dtype in SCHEMES and self.model_type != "gpt":
+            raise ValueError(f"--dtype {dtype} (quantized weights) is implemented for GPT-family models, "
+                             f"not {self.model_type}")
+        set_dtype(run.model, dtype)
         if split not in ("train", "val", "test"):
             raise ValueError(f"unknown split {split!r}; known: train, val (test = val for a text corpus)")
         data_cfg = TextDataConfig.from_dict({**run.config["data"], "eval_tokens": limit})

@@ -297,6 +297,11 @@ class ByteLevelBPE:
         return {c: i for c, i in self._added.items() if i in self._special_ids}
 
     @property
+    def added_tokens(self) -> list[tuple[str, int, bool]]:
+        """Added tokens as (content, id, special), by id."""
+        return sorted(((c, i, i in self._special_ids) for c, i in self._added.items()), key=lambda t: t[1])
+
+    @property
     def pattern(self) -> str:
         """Pre-tokenization pattern name: "gpt2", "gpt4" or "custom"."""
         return self._pattern

@@ -1,0 +1,128 @@
+"""The product y = x · Wᵀ of fp32 activations and a block-quantized weight (nn/quant.py).
+
+Shape legend: R rows, I in_features, O out_features, NB = I / 32.
+Products of fewer than PREFILL_ROWS rows (decoding) use int8 arithmetic per 32-block, llama.cpp's
+way: F.linear(dequantize(quantize_activations(x)), dequantize(W)). Products of more rows (prefill,
+scoring) are compute-bound, and there a bf16 GEMM (oneDNN; AMX tiles on CPUs that have them) beats
+int8 dot products: W is dequantized to bf16 for the call (fp32 dequantization rounded to nearest
+even) and y = F.linear(bf16(x), bf16(Ŵ)), accumulated in fp32 and rounded to bf16 on output
+(bench/quant_kernels.py measures both; at 64 rows the bf16 route is about 1.8× faster here).
+Two implementations of each formula:
+    "cpp"    quant_kernel.cpp, a small C++ extension (AVX512-VNNI int8 dot products per 32-block,
+             llama.cpp's scheme), compiled with torch.utils.cpp_extension at first use (about a minute,
+             cached under ~/.cache/torch_extensions) on x86-64 CPUs with AVX512-VNNI and a C++ compiler;
+    "torch"  the pure-PyTorch reference: dequantize W (in slices of rows) and call F.linear.
+The C++ kernel is used when it builds; otherwise (no compiler, another CPU, the build failed, or
+ATTNLAB_QUANT_KERNEL=torch) the fallback runs, with one warning on stderr saying why. Both agree up to
+fp32 summation order (tests/nn/test_quant_linear.py).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from attnlab.nn.quant import BLOCK, QuantWeight, dequantize, quantize_activations
+
+SOURCE = Path(__file__).with_name("quant_kernel.cpp")
+SCHEME_ID = {"q8_0": 0, "q4_0": 1, "q4_1": 2}
+FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mf16c", "-mfma"]
+PREFILL_ROWS = 32    # from this many rows on, the bf16 GEMM route (module doc)
+FALLBACK_ROWS = 4096  # W rows dequantized at once by the fallback (bounds its fp32 temporary)
+_state: dict = {}
+
+
+def _cpu_has_vnni() -> bool:
+    """True when /proc/cpuinfo (Linux) lists every instruction set the kernel is compiled for."""
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return False
+    return {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "f16c", "fma"} <= flags
+
+
+def _build() -> str | None:
+    """Compile and load the extension; return None, or the reason it is not available."""
+    if os.environ.get("ATTNLAB_QUANT_KERNEL", "") == "torch":
+        return "ATTNLAB_QUANT_KERNEL=torch"
+    if not _cpu_has_vnni():
+        return "this CPU has no AVX512-VNNI"
+    try:
+        from torch.utils import cpp_extension  # optional: needs a C++ compiler and ninja at run time
+        cpp_extension.load(name="attnlab_quant_kernel", sources=[str(SOURCE)], extra_cflags=FLAGS,
+                           is_python_module=False, verbose=False)
+        torch.library.register_fake("attnlab_quant::linear")(_fake)
+        torch.library.register_fake("attnlab_quant::dequantize_bf16")(_fake_bf16)
+    except Exception as err:  # any build or load failure: fall back, saying why
+        return f"building {SOURCE.name} failed ({type(err).__name__}: {str(err).splitlines()[0][:200]})"
+    return None
+
+
+def _fake(x, qs, d, m, scheme):
+    return x.new_empty(x.shape[0], d.shape[0])
+
+
+def _fake_bf16(qs, d, m, scheme):
+    return d.new_empty(d.shape[0], d.shape[1] * BLOCK, dtype=torch.bfloat16)
+
+
+def kernel() -> str:
+    """"cpp" when the C++ extension is built and loaded (building it at the first call), else "torch"."""
+    if "name" not in _state:
+        reason = _build()
+        _state["name"] = "torch" if reason else "cpp"
+        if reason:
+            print(f"attnlab: quantized matmul uses the PyTorch fallback ({reason})", file=sys.stderr)
+    return _state["name"]
+
+
+def matmul_reference(x: torch.Tensor, qw: QuantWeight) -> torch.Tensor:
+    """The fallback: F.linear(dequantize(quantize_activations(x)), dequantize(W)), W in row slices
+    (from PREFILL_ROWS rows on: the bf16 product of the module doc).
+
+    Args:
+        x: (R, I) fp32. qw: an (O, I) QuantWeight.
+    Returns:
+        (R, O) fp32.
+    """
+    if x.shape[0] >= PREFILL_ROWS:
+        return F.linear(x.to(torch.bfloat16), dequantize(qw).to(torch.bfloat16)).to(torch.float32)
+    q, d = quantize_activations(x)
+    r, i = x.shape
+    xd = (q.reshape(r, -1, BLOCK).to(torch.float32) * d.unsqueeze(-1)).reshape(r, i)
+    rows = qw.d.shape[0]
+    return torch.cat([F.linear(xd, dequantize(qw, slice(s, s + FALLBACK_ROWS)))
+                      for s in range(0, rows, FALLBACK_ROWS)], dim=-1)
+
+
+def quant_matmul(x: torch.Tensor, qw: QuantWeight, impl: str | None = None) -> torch.Tensor:
+    """y = x · Wᵀ for a block-quantized W, activations quantized per 32-block (module doc).
+
+    Args:
+        x: (..., I) float (computed in fp32). qw: an (O, I) QuantWeight.
+        impl: "cpp", "torch", or None = the best available (kernel()).
+    Returns:
+        (..., O), x's dtype.
+    Raises:
+        ValueError: x's last dimension is not I, or impl is not one of the above.
+    """
+    out_features, in_features = qw.shape
+    if x.shape[-1] != in_features:
+        raise ValueError(f"input has {x.shape[-1]} features, the quantized weight expects {in_features}")
+    if impl not in (None, "cpp", "torch"):
+        raise ValueError(f"impl must be 'cpp', 'torch' or None, got {impl!r}")
+    x2 = x.reshape(-1, in_features).to(torch.float32)
+    use_cpp = (impl or kernel()) == "cpp" and x.device.type == "cpu" and (in_features // BLOCK) % 2 == 0
+    if use_cpp and impl == "cpp" and kernel() != "cpp":
+        raise ValueError("the C++ quantized kernel is not available here")
+    if use_cpp and x2.shape[0] >= PREFILL_ROWS:
+        w = torch.ops.attnlab_quant.dequantize_bf16(qw.qs, qw.d, qw.m, SCHEME_ID[qw.scheme])
+        y = F.linear(x2.to(torch.bfloat16), w).to(torch.float32)
+    elif use_cpp:
+        y = torch.ops.attnlab_quant.linear(x2, qw.qs, qw.d, qw.m, SCHEME_ID[qw.scheme])
+    else:
+        y = matmul_reference(x2, qw)
+    return y.reshape(*x.shape[:-1], out_features).to(x.dtype)

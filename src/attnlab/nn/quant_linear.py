@@ -1,0 +1,208 @@
+"""Linear and embedding layers whose weights stay block-quantized (Q8_0, Q4_0, Q4_1), and the
+precisions a model can run at.
+
+Shape legend: R rows (batch × new tokens), I in_features, O out_features, NB = I / 32, V vocabulary,
+D embedding dim.
+QuantLinear holds qs / d / m (nn/quant.py) as buffers, never an fp32 copy of the weight; its forward
+quantizes the activations per 32-block and multiplies in int8 (nn/quant_kernel.py). QuantEmbedding
+dequantizes only the looked-up rows. A weight shared by two modules (GPT's tied embedding and output
+projection) is quantized once and its buffers shared.
+Source: ggml block formats (ggml-common.h); llama.cpp's CPU matmul (activations as q8_0 / q8_1).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from attnlab.nn.quant import SCHEMES, QuantWeight, check_scheme, dequantize, quantize
+from attnlab.nn.quant_kernel import PREFILL_ROWS, SCHEME_ID, kernel, quant_matmul
+
+FLOAT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPES = ("auto", *FLOAT_DTYPES, *SCHEMES)  # "auto": as stored (a GGUF file keeps its block types)
+
+
+def check_dtype(dtype: str) -> str:
+    """Return dtype, or raise ValueError naming it and the supported ones (a quantization we do
+    not implement, e.g. q5_k, is refused here)."""
+    if dtype not in DTYPES:
+        raise ValueError(f"--dtype {dtype!r} is not supported; supported: {', '.join(DTYPES)}")
+    return dtype
+
+
+class _QuantBuffers(nn.Module):
+    def __init__(self, qw: QuantWeight):
+        super().__init__()
+        self.scheme = qw.scheme
+        self.register_buffer("qs", qw.qs)
+        self.register_buffer("d", qw.d)
+        self.register_buffer("m", qw.m)
+
+    @property
+    def qweight(self) -> QuantWeight:
+        return QuantWeight(self.scheme, self.qs, self.d, self.m)
+
+    def extra_repr(self) -> str:
+        o, i = self.qweight.shape
+        return f"{i}, {o}, scheme={self.scheme}"
+
+
+class QuantLinear(_QuantBuffers):
+    """y = x Wᵀ + b with W block-quantized.
+
+    forward: x (..., I) float -> (..., O), x's dtype. Below PREFILL_ROWS rows (decoding) activations
+    are quantized per 32-block to int8 (scale max|x| / 127), so the result equals F.linear(x̂, Ŵ) + b
+    up to fp32 summation order, where Ŵ = dequantize(W) and x̂ is x rounded to its blocks' int8 grid:
+    |y − F.linear(x, Ŵ)| ≤ Σ_b (dx_b / 2) Σ_{i∈b} |Ŵ_oi| per output. From PREFILL_ROWS rows on
+    (prefill) it is F.linear(bf16(x), bf16(Ŵ)), rounded to bf16 (nn/quant_kernel.py;
+    tests/nn/test_quant.py checks both).
+    """
+
+    def __init__(self, qw: QuantWeight, bias: torch.Tensor | None = None):
+        super().__init__(qw)
+        self._fast: bool | None = None
+        self.bias = None if bias is None else nn.Parameter(bias.detach().to(torch.float32), requires_grad=False)
+
+    @property
+    def in_features(self) -> int:
+        return self.qweight.shape[1]
+
+    @property
+    def out_features(self) -> int:
+        return self.qweight.shape[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., I) -> (..., O)."""
+        if self._fast is None:  # decided once: the C++ kernel takes fp32 CPU rows directly
+            self._fast = kernel() == "cpp" and self.qs.device.type == "cpu" and self.d.shape[1] % 2 == 0
+        if self._fast and x.dtype == torch.float32 and x.device.type == "cpu" and x.numel() < PREFILL_ROWS * x.shape[-1]:
+            y = torch.ops.attnlab_quant.linear(x.reshape(-1, x.shape[-1]), self.qs, self.d, self.m,
+                                               SCHEME_ID[self.scheme]).view(*x.shape[:-1], -1)
+        else:
+            y = quant_matmul(x, self.qweight)
+        return y if self.bias is None else y + self.bias.to(y.dtype)
+
+
+class QuantEmbedding(_QuantBuffers):
+    """Embedding lookup from a block-quantized (V, D) table: forward(ids (...) int64) -> (..., D) fp32,
+    the dequantized rows (exactly dequantize(W)[ids])."""
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        flat = ids.reshape(-1)
+        rows = QuantWeight(self.scheme, self.qs[flat], self.d[flat], None if self.m is None else self.m[flat])
+        return dequantize(rows).reshape(*ids.shape, -1)
+
+
+def _parent(model: nn.Module, name: str) -> tuple[nn.Module, str]:
+    *path, leaf = name.split(".")
+    module = model
+    for p in path:
+        module = getattr(module, p)
+    return module, leaf
+
+
+def set_quantized(model: nn.Module, name: str, qw: QuantWeight) -> nn.Module:
+    """Replace the nn.Linear or nn.Embedding at dotted `name` by its quantized form holding `qw`
+    (which must have the old weight's shape); a Linear keeps its bias. Returns the new module."""
+    parent, leaf = _parent(model, name)
+    old = getattr(parent, leaf)
+    if tuple(old.weight.shape) != qw.shape:
+        raise ValueError(f"{name}: quantized weight {qw.shape} does not match {tuple(old.weight.shape)}")
+    new = QuantEmbedding(qw) if isinstance(old, nn.Embedding) else QuantLinear(qw, old.bias)
+    setattr(parent, leaf, new)
+    return new
+
+
+def quantizable(model: nn.Module) -> list[str]:
+    """Names of the nn.Linear / nn.Embedding modules whose weights are quantized."""
+    return [n for n, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Embedding))]
+
+
+@torch.no_grad()
+def quantize_model(model: nn.Module, scheme: str) -> nn.Module:
+    """Quantize every nn.Linear and nn.Embedding weight of `model` in place (shared weights once).
+
+    Raises:
+        ValueError: an unsupported scheme (named), or a layer whose in-features are not a multiple
+            of 32 (named, with its shape).
+    """
+    check_scheme(scheme)
+    names = quantizable(model)
+    for name in names:
+        w = model.get_submodule(name).weight
+        if w.shape[1] % 32:
+            raise ValueError(f"{scheme} needs every weight's last dimension to be a multiple of 32; "
+                             f"{name} has shape {tuple(w.shape)}")
+    done: dict[int, QuantWeight] = {}
+    for name in names:
+        w = model.get_submodule(name).weight
+        if id(w) not in done:
+            done[id(w)] = quantize(w, scheme)
+        set_quantized(model, name, done[id(w)])
+    return fuse_quantized(model)
+
+
+FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # projections of one input
+
+
+def fuse_quantized(model: nn.Module) -> nn.Module:
+    """Store each module's q/k/v (and gate/up) QuantLinear weights in one buffer per tensor, the
+    members holding row views of it (no copy kept), so that `fused_outputs` computes them in one
+    kernel call: one activation quantization and one pass over the threads instead of three.
+    The outputs are identical (rows are independent). Returns the model (changed in place)."""
+    for module in model.modules():
+        for names in FUSED:
+            layers = [getattr(module, n, None) for n in names]
+            if not all(isinstance(m, QuantLinear) for m in layers) or len({(m.scheme, m.in_features, m.bias is None)
+                                                                           for m in layers}) != 1:
+                continue
+            parts = [m.qweight for m in layers]
+            cat = {k: None if parts[0].m is None and k == "m" else torch.cat([getattr(p, k) for p in parts])
+                   for k in ("qs", "d", "m")}
+            bias = None if layers[0].bias is None else torch.cat([m.bias for m in layers])
+            group = QuantLinear(QuantWeight(parts[0].scheme, cat["qs"], cat["d"], cat["m"]), bias)
+            start = 0
+            for m in layers:
+                rows = m.out_features
+                for k in ("qs", "d", "m"):
+                    if cat[k] is not None:
+                        setattr(m, k, cat[k][start:start + rows])
+                if m.bias is not None:
+                    m.bias = nn.Parameter(group.bias[start:start + rows], requires_grad=False)
+                start += rows
+            # not a registered sub-module: the group's tensors are the members' (no state-dict entry)
+            object.__setattr__(layers[0], "fused_group", (group, tuple(layers)))
+    return model
+
+
+def fused_outputs(x: torch.Tensor, *layers: nn.Module) -> tuple[torch.Tensor, ...]:
+    """(layer(x) for layer in layers), in one kernel call when fuse_quantized joined exactly these."""
+    group = getattr(layers[0], "fused_group", None)
+    if group is not None and len(group[1]) == len(layers) and all(a is b for a, b in zip(group[1], layers)):
+        return group[0](x).split([m.out_features for m in layers], dim=-1)
+    return tuple(layer(x) for layer in layers)
+
+
+def quantized_bytes(model: nn.Module) -> int:
+    """Bytes of all parameters and buffers, shared tensors once (what decoding one token reads,
+    give or take the embedding rows)."""
+    seen, total = set(), 0
+    for t in list(model.parameters()) + list(model.buffers()):
+        if t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+    return total
+
+
+def set_dtype(model: nn.Module, dtype: str) -> nn.Module:
+    """Run `model` at `dtype`: "auto" / "fp32" leave fp32 weights as they are, "bf16" casts, a scheme
+    quantizes every Linear / Embedding (quantize_model). Returns the model (changed in place).
+
+    Raises:
+        ValueError: an unsupported dtype (named, listing DTYPES) or a shape a scheme cannot hold.
+    """
+    check_dtype(dtype)
+    if dtype == "bf16":
+        return model.to(torch.bfloat16)
+    if dtype in SCHEMES:
+        return quantize_model(model, dtype)
+    return model
