@@ -6,7 +6,7 @@ expand 2, dt_rank 8: 825 k parameters against the GPT-2 style's 804 k, +2.6%). O
 follows the Mamba paper's language-model recipe (Gu & Dao 2023, Appendix E.2: AdamW β (0.9, 0.95),
 weight decay 0.1 except on A_log and D, gradient clipping 1.0, linear warm-up then cosine decay).
 The peak learning rate, 4e-3, is the best of a sweep on the validation text (seed 0: 1e-3 → 1.5646,
-2e-3 → 1.5544, 4e-3 → 1.5377, 8e-3 → see the README), 4× the GPT recipe's 1e-3; the paper's
+2e-3 → 1.5544, 4e-3 → 1.5377, 8e-3 → 1.5453), 4× the GPT recipe's 1e-3; the paper's
 improved recipe uses 5× GPT-3's rate.
 """
 from __future__ import annotations
