@@ -2,7 +2,7 @@
 
 The explicit math path builds the T × T score matrix (quadratic time and memory); SDPA's causal
 kernel never materialises it (still quadratic time, linear extra memory). Log–log slopes are fitted
-over the longer lengths. attnlab has no linear-time (state-space) model yet, so none is drawn.
+over the longer lengths. Attention against the linear-time Mamba scan: bench/complexity.py.
 Shape legend: H heads, T tokens, Dh head dim.
 """
 from __future__ import annotations
