@@ -5,7 +5,9 @@ and the rank-0 gate (only rank 0 writes files, logs and the progress bar).
 
     torchrun --nproc_per_node N -m attnlab train --recipe R ...      (or: attnlab train --nproc N ...)
 
-Backend: gloo on the CPU, nccl on CUDA (chosen from the device). Each process uses one CPU thread
+Backend: gloo. attnlab trains on the CPU (every objective builds its batches there, in one process as
+in several), so each process is a CPU process even on a host with GPUs; nccl and CUDA devices are
+not supported yet. Each process uses one CPU thread
 unless OMP_NUM_THREADS or TrainConfig.threads says otherwise. Collectives time out after
 $ATTNLAB_COLLECTIVE_TIMEOUT seconds (default 300), so a process left waiting for a dead peer stops
 in bounded time; torchrun's elastic agent then stops the others and names the rank that failed.
@@ -31,7 +33,7 @@ DEFAULT_TIMEOUT_S = 300.0
 @dataclass(frozen=True)
 class World:
     """This process's place in the run: rank (0..size-1), size (processes), local_rank (on this
-    host), device (cpu, or cuda:local_rank)."""
+    host), device (the CPU: see the module docstring)."""
 
     rank: int = 0
     size: int = 1
@@ -80,8 +82,7 @@ def world_from_env() -> World:
         if not os.environ.get(name):
             raise ValueError(f"${name} is not set: start multi-process training with torchrun "
                              f"(torchrun --nproc_per_node N -m attnlab train ...) or attnlab train --nproc N")
-    device = torch.device("cuda", local) if torch.cuda.is_available() else torch.device("cpu")
-    return World(rank, size, local, device)
+    return World(rank, size, local, torch.device("cpu"))
 
 
 def collective_timeout() -> timedelta:
@@ -111,7 +112,7 @@ def current_world() -> World:
 @contextlib.contextmanager
 def process_group() -> Iterator[World]:
     """Join the process group torchrun describes for the duration of the block (nothing in one
-    process): gloo on the CPU, nccl on CUDA, with the collective timeout; one CPU thread per process
+    process): gloo, with the collective timeout; one CPU thread per process
     unless OMP_NUM_THREADS is set; logs below WARNING only on rank 0. Destroys the group on exit.
 
     Raises:
@@ -125,10 +126,7 @@ def process_group() -> Iterator[World]:
     timeout = collective_timeout()
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(1)
-    backend = "nccl" if world.device.type == "cuda" else "gloo"
-    if world.device.type == "cuda":
-        torch.cuda.set_device(world.device)
-    dist.init_process_group(backend, timeout=timeout)
+    dist.init_process_group("gloo", timeout=timeout)
     if not world.is_main:
         logging.getLogger("attnlab").setLevel(logging.WARNING)
     _world = world

@@ -89,7 +89,6 @@ class Trainer:
         self.model = self.strategy.model          # the plain model: evaluated and saved
         self.optimizer = self.strategy.optimizer  # its optimizer: saved in checkpoints
         self.main = self.strategy.world.is_main
-        self._stale = False                       # the sharded weights changed since the last gather
         self.signals = StopSignals()
         self.state = new_state()
         self._resumed = False
@@ -113,23 +112,18 @@ class Trainer:
 
     def resume(self) -> None:
         """Continue from the run directory's checkpoint (weights, optimiser, step, data position, RNG),
-        after putting the directory back in the state the checkpoint describes (rank 0; the other
-        processes then read the same checkpoint, whatever the number of processes that wrote it)."""
+        after putting the directory back in the state the checkpoint describes. Rank 0 alone reads
+        it; the other processes receive it from rank 0 (strategy.scatter), whatever the number of
+        processes that wrote it."""
+        state = None
         if self.main:
             state = load_training_state(self.out / CHECKPOINT_DIR, self.model, self.optimizer)
             align_with_checkpoint(self.out, state)
-        distributed.barrier()
-        if not self.main:
-            state = load_training_state(self.out / CHECKPOINT_DIR, self.model, self.optimizer)
-        state.pop("optimizer", None)
+            state.pop("optimizer", None)
+        state, rng = distributed.from_main((state, torch.get_rng_state()))
+        torch.set_rng_state(rng)
         self.strategy.scatter()
         self.state, self._resumed = state, True
-
-    def _gather(self) -> None:
-        """Bring the plain model and optimizer up to date (FSDP: from the shards) before rank 0 uses them."""
-        if self._stale:
-            self.strategy.gather()
-            self._stale = False
 
     def checkpoint(self, snapshot: bool = False) -> None:
         """Write the checkpoint; with `snapshot`, also keep its weights among the last
@@ -138,7 +132,7 @@ class Trainer:
         s = self.state
         if snapshot:
             s["snapshots"] = sorted(set(s["snapshots"]) | {s["step"]})[-self.cfg.average_last:]
-        self._gather()
+        self.strategy.gather(optimizer=True)
         if not self.main:
             return
         metrics = self.out / "metrics.jsonl"
@@ -161,7 +155,7 @@ class Trainer:
     def _evaluate(self, **extra) -> dict:
         """Validate, log the record (with `extra` fields) and keep the weights if they are the best.
         Rank 0 evaluates the plain model once and writes; the others receive its numbers."""
-        self._gather()
+        self.strategy.gather()
         metrics = None
         if self.main:
             self.model.eval()
@@ -210,11 +204,12 @@ class Trainer:
         lr = learning_rate(cfg, s["step"] + 1, self.d_model)
         set_lr(optimizer, lr)
         optimizer.zero_grad(set_to_none=True)
+        strategy.release()  # the trained state changes: FSDP's rank 0 drops its full copy
         total, n_tokens = 0.0, 0
         for i, batch in enumerate(micro_batches):
             part, weight = strategy.share(batch)
             with strategy.sync(last=i == len(micro_batches) - 1):
-                with autocast_context(cfg.autocast), strategy.autocast():
+                with autocast_context(cfg.autocast):
                     loss, n = strategy.loss(part)
                 if not torch.isfinite(loss) and not strategy.world.distributed:
                     self._diverged(loss.item())
@@ -233,7 +228,6 @@ class Trainer:
         if cfg.clip_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(module.parameters(), cfg.clip_grad_norm)
         optimizer.step()
-        self._stale = True
         check_finite_weights(module, s["step"] + 1, agree=lambda ok: not distributed.any_true(not ok))
         s["step"] += 1
         s["tokens"] += n_tokens

@@ -6,8 +6,12 @@
     sync(last)         gradient synchronisation on the last micro-batch of an accumulation window only
     model, optimizer   the plain model (evaluation, saved weights) and its optimizer (saved state);
     step_optimizer     the optimizer that steps (FSDP: over the shards)
-    gather(), scatter()  FSDP: shards -> the plain twin before rank 0 saves or evaluates, and back
-                       after a resume (torch.distributed.checkpoint.state_dict); no-ops otherwise
+    gather(optimizer)  FSDP: the shards -> rank 0's plain model (and, for a checkpoint, its optimizer)
+                       before rank 0 saves or evaluates (torch.distributed.checkpoint.state_dict)
+    release()          FSDP: the training state is about to change: rank 0 frees its full copy
+    scatter()          FSDP: rank 0's plain model and optimizer, read from a checkpoint -> every
+                       process's shards (broadcast from rank 0)
+The three are no-ops in one process and with DDP, whose plain model is the trained one.
 
 Gradients are summed over the processes (DDP: a sum all-reduce comm hook; FSDP: a sum
 reduce-scatter), and the loop divides them by the global count of target tokens (train/loop.py), as
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 from typing import Callable
 
 import torch
@@ -61,10 +66,10 @@ class OneProcess:
     def sync(self, last: bool):
         return contextlib.nullcontext()
 
-    def autocast(self):
-        return contextlib.nullcontext()
+    def gather(self, optimizer: bool = False) -> None:
+        pass
 
-    def gather(self) -> None:
+    def release(self) -> None:
         pass
 
     def scatter(self) -> None:
@@ -77,11 +82,30 @@ class _Distributed(OneProcess):
         rows, weight = share(self.objective.batch_rows(batch), self.world.rank, self.world.size)
         return self.objective.shard(batch, rows), weight
 
-    def autocast(self):
-        """bf16 autocast on CUDA (DDP's mixed precision); nothing on the CPU."""
-        if self.world.device.type == "cuda":
-            return torch.autocast("cuda", dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+    def _order(self) -> list[str]:
+        """The plain optimizer's parameters by index, named as in the wrapped module's state dicts."""
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        return ["model." + names[id(p)] for g in self.optimizer.param_groups for p in g["params"]]
+
+    def scatter(self) -> None:
+        """Load every process's model and optimizer from rank 0's plain ones (read from a checkpoint
+        by rank 0 alone), broadcast from rank 0 (torch.distributed.checkpoint.state_dict); for FSDP
+        each process keeps its shards of it."""
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                             set_optimizer_state_dict)  # heavy: see FSDP
+        weights, full = {}, {}
+        if self.world.is_main:
+            # Each tied tensor once (named_parameters keeps the first name): loading a second name of
+            # a tied parameter fails on a tensor the first one already made a DTensor.
+            weights = {"model." + n: t.detach().clone()
+                       for n, t in [*self.model.named_parameters(), *self.model.named_buffers()]}
+            plain, order = self.optimizer.state_dict(), self._order()
+            full = {"state": {order[i]: s for i, s in plain["state"].items()},
+                    "param_groups": [{**g, "params": [order[i] for i in g["params"]]} for g in plain["param_groups"]]}
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
+        set_model_state_dict(self.train_module, weights, options=options)
+        set_optimizer_state_dict(self.train_module, self.step_optimizer, full,
+                                 options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
 
 
 def _sum_hook(group, bucket):
@@ -96,11 +120,10 @@ class DDP(_Distributed):
 
     def __init__(self, model: nn.Module, objective, make_optimizer: OptimizerFactory, world: World):
         super().__init__(model.to(world.device), objective, make_optimizer, world)
-        ids = [world.device.index] if world.device.type == "cuda" else None
         # Objectives that leave parameters unused (BERT's classifier under masked-LM) and experts no
         # token was routed to need DDP's search for unused parameters (a graph traversal per step).
         unused = getattr(objective, "leaves_parameters_unused", False) or bool(getattr(getattr(model, "cfg", None), "n_experts", 0))
-        self.ddp = DistributedDataParallel(LossModule(self.model, objective), device_ids=ids,
+        self.ddp = DistributedDataParallel(LossModule(self.model, objective), device_ids=None,
                                            find_unused_parameters=unused)
         self.ddp.register_comm_hook(None, _sum_hook)
         self.train_module = self.ddp
@@ -138,44 +161,66 @@ def _block_lists(model: nn.Module) -> list[nn.Module]:
     return blocks
 
 
-class FSDP(_Distributed):
-    """FSDP2: each process holds a shard of every parameter (fully_shard per layer and at the root,
-    over init_device_mesh of all processes); bf16 parameters with fp32 gradient reduction on CUDA.
+def free_parameters(model: nn.Module) -> None:
+    """Drop the storage of every parameter of `model` (each tied parameter once), keeping the
+    Parameter objects (and so the optimizer's references and the ties); buffers stay."""
+    for p in model.parameters():
+        p.data = p.data.new_empty(0)
 
-    A plain twin of the model and its optimizer (a full copy, on every process) serves evaluation and
-    saved weights on rank 0 and resuming from a checkpoint (gather/scatter).
+
+def hold_parameters(model: nn.Module, shapes: dict[int, torch.Size]) -> None:
+    """Give every freed parameter of `model` (free_parameters) uninitialised storage of its shape."""
+    for p in model.parameters():
+        if p.numel() != math.prod(shapes[id(p)]):
+            p.data = p.data.new_empty(shapes[id(p)])
+
+
+class FSDP(_Distributed):
+    """FSDP2: each process holds a shard of every parameter, of its gradient and of Adam's moments
+    (fully_shard per layer and at the root, over init_device_mesh of all processes). Parameters,
+    gradients and their reduction are fp32 (`--set autocast=bf16` casts the products, as in one
+    process).
+
+    The plain model and optimizer are shells (parameters without storage, no optimizer state) on
+    every process but rank 0 while it evaluates or saves: gather() fills rank 0's from the shards
+    (full_state_dict with cpu_offload: the other processes never hold a full tensor), release() empties
+    them again at the next step. A resume reads the checkpoint on rank 0 alone and scatter()
+    broadcasts it into every process's shards. So training memory per process is 1/N of the
+    parameters, gradients and moments, plus one layer's full parameters at a time (FSDP's
+    all-gather); rank 0 holds a full copy only while it evaluates or writes.
     """
 
     def __init__(self, model: nn.Module, objective, make_optimizer: OptimizerFactory, world: World):
         # Imported here: torch's FSDP and checkpoint packages take a second to import (sympy), which
         # every other command, and every run in one process or with DDP, would pay for nothing.
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from torch.distributed.fsdp import fully_shard
         check_shardable(model)
         model = model.to(world.device)
-        twin = copy.deepcopy(model)
-        super().__init__(twin, objective, make_optimizer, world)
-        self.twin = LossModule(twin, objective)
+        plain = copy.deepcopy(model)
+        super().__init__(plain, objective, make_optimizer, world)
+        self._shapes = {id(p): p.shape for p in plain.parameters()}
+        # Whether rank 0's copy holds the trained state (the same on every process: it decides the
+        # collectives): at first it does (the initial weights, no moments yet).
+        self._current = {"weights": True, "optimizer": True}
+        if not world.is_main:
+            free_parameters(plain)
         mesh = init_device_mesh(world.device.type, (world.size,))
-        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
-            if world.device.type == "cuda" else MixedPrecisionPolicy()
         module = LossModule(model, objective)
         for block in _block_lists(model):
-            fully_shard(block, mesh=mesh, mp_policy=policy)
-        fully_shard(module, mesh=mesh, mp_policy=policy)
+            fully_shard(block, mesh=mesh)
+        fully_shard(module, mesh=mesh)
         for unit in [*_block_lists(model), module]:  # per FSDP unit: neither setting recurses
             unit.set_force_sum_reduction_for_comms(True)
             unit.set_gradient_divide_factor(1.0)  # a plain sum: the loop divides by the global count
         self.train_module = self.module = module
         self.step_optimizer = self._mirror(self.optimizer, module)
-        self._names = {id(p): n for n, p in self.twin.named_parameters()}
 
     def _mirror(self, plain: torch.optim.Optimizer, module: nn.Module) -> torch.optim.Optimizer:
         """An optimizer of plain's class and groups over the sharded parameters of the same names."""
-        names = {id(p): n for n, p in self.twin.named_parameters()}
-        sharded = dict(module.named_parameters())
-        groups = [{**{k: v for k, v in g.items() if k != "params"},
-                   "params": [sharded[names[id(p)]] for p in g["params"]]} for g in plain.param_groups]
+        sharded, names = dict(module.named_parameters()), iter(self._order())
+        groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [sharded[next(names)] for _ in g["params"]]}
+                  for g in plain.param_groups]
         mirror = type(plain)(groups)  # each group carries every setting of its own
         mirror.defaults.update(plain.defaults)
         return mirror
@@ -187,47 +232,39 @@ class FSDP(_Distributed):
         self.module.set_requires_gradient_sync(last)
         return contextlib.nullcontext()
 
-    def autocast(self):
-        return contextlib.nullcontext()  # the mixed-precision policy casts
-
-    def _plain_optimizer_state(self, full: dict) -> dict:
-        """A full optimizer state dict keyed by parameter names -> the twin optimizer's (by index)."""
-        index = {}
-        for group in self.optimizer.param_groups:
-            for p in group["params"]:
-                index[self._names[id(p)]] = len(index)
-        groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [index[n] for n in g["params"]]}
-                  for g in full["param_groups"]]
-        return {"state": {index[n]: s for n, s in full["state"].items()}, "param_groups": groups}
-
-    def gather(self) -> None:
-        """Every process sends its shards; rank 0's twin (model and optimizer) gets the full state."""
+    def gather(self, optimizer: bool = False) -> None:
+        """Fill rank 0's plain model (and, with `optimizer`, its optimizer's state) from every
+        process's shards; every process takes part. Nothing is gathered twice between two steps."""
         from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                              get_optimizer_state_dict)  # heavy: see __init__
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        weights = get_model_state_dict(self.module, options=options)
-        moments = get_optimizer_state_dict(self.module, self.step_optimizer, options=options)
-        if self.world.is_main:
-            self.twin.load_state_dict(weights)
-            self.optimizer.load_state_dict(self._plain_optimizer_state(moments))
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)  # full tensors on rank 0 only
+        if not self._current["weights"]:
+            weights = get_model_state_dict(self.module, options=options)
+            if self.world.is_main:
+                hold_parameters(self.model, self._shapes)
+                self.model.load_state_dict({k.removeprefix("model."): v for k, v in weights.items()})
+            self._current["weights"] = True
+        if optimizer and not self._current["optimizer"]:
+            full = get_optimizer_state_dict(self.module, self.step_optimizer, options=options)
+            if self.world.is_main:
+                index = {name: i for i, name in enumerate(self._order())}
+                groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [index[n] for n in g["params"]]}
+                          for g in full["param_groups"]]
+                self.optimizer.load_state_dict({"state": {index[n]: s for n, s in full["state"].items()},
+                                                "param_groups": groups})
+            self._current["optimizer"] = True
+
+    def release(self) -> None:
+        """The shards are about to change: rank 0 frees its full copy (weights and moments)."""
+        if self.world.is_main and (self._current["weights"] or self._current["optimizer"]):
+            free_parameters(self.model)
+            self.optimizer.state.clear()
+        self._current = {"weights": False, "optimizer": False}
 
     def scatter(self) -> None:
-        """Every process loads its shards from its own twin (read from the checkpoint)."""
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
-                                                             set_optimizer_state_dict)  # heavy: see __init__
-        # Each tied tensor once (named_parameters keeps the first name): loading a second name of a
-        # tied parameter fails on a tensor the first one already made a DTensor.
-        weights = {**dict(self.twin.named_parameters()), **dict(self.twin.named_buffers())}
-        set_model_state_dict(self.module, weights, options=StateDictOptions(full_state_dict=True, strict=False))
-        options = StateDictOptions(full_state_dict=True)
-        plain = self.optimizer.state_dict()
-        by_index = {}
-        for group in self.optimizer.param_groups:
-            for p in group["params"]:
-                by_index[len(by_index)] = self._names[id(p)]
-        full = {"state": {by_index[i]: s for i, s in plain["state"].items()},
-                "param_groups": [{**g, "params": [by_index[i] for i in g["params"]]} for g in plain["param_groups"]]}
-        set_optimizer_state_dict(self.module, self.step_optimizer, full, options=options)
+        """Every process's shards from rank 0's plain model and optimizer (_Distributed.scatter)."""
+        super().scatter()
+        self._current = {"weights": True, "optimizer": True}
 
 
 STRATEGIES = {"ddp": DDP, "fsdp": FSDP}
