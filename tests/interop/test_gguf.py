@@ -19,6 +19,8 @@ from gguf import GGMLQuantizationType as Q  # noqa: E402
 from attnlab.models.gpt import GPTConfig  # noqa: E402
 from attnlab.interop.gguf import dequantize, gpt_config_from_gguf, load_gguf, unpermute_qk  # noqa: E402
 from attnlab.models.gpt import GPT  # noqa: E402
+from attnlab.nn.quant import quantize  # noqa: E402
+from attnlab.nn.quant_linear import QuantLinear, set_quantized  # noqa: E402
 from attnlab.nn.rope import RotaryEmbedding, apply_rope  # noqa: E402
 from attnlab.tokenizers.pretokenize import token_to_unicode  # noqa: E402
 
@@ -36,9 +38,9 @@ def llama_cpp_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def tiny_model(tied: bool) -> GPT:
+def tiny_model(tied: bool, d_ff: int = 96) -> GPT:
     cfg = GPTConfig.from_name("llama", vocab_size=len(TOKENS), d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
-                              d_ff=96, max_seq_len=128, rope_theta=50000.0, norm_eps=1e-5,
+                              d_ff=d_ff, max_seq_len=128, rope_theta=50000.0, norm_eps=1e-5,
                               tie_embeddings=tied, bos_id=257, eos_id=258)
     model = GPT(cfg).eval()
     with torch.no_grad():
@@ -47,8 +49,10 @@ def tiny_model(tied: bool) -> GPT:
     return model
 
 
-def write_gguf(path, model: GPT, qtype=Q.F32, arch="llama", extra=None, drop=(), replace=None, types=None):
-    """Write `model` as llama.cpp would: hyper-parameters, the tokenizer, tensors (2-D ones as qtype)."""
+def write_gguf(path, model: GPT, qtype=Q.F32, arch="llama", extra=None, drop=(), replace=None, types=None,
+               blocks=None):
+    """Write `model` as llama.cpp would: hyper-parameters, the tokenizer, tensors (2-D ones as qtype);
+    `blocks`: name -> (raw bytes, type) written as they are."""
     cfg, sd = model.cfg, model.state_dict()
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(cfg.n_layers), w.add_context_length(cfg.max_seq_len)
@@ -74,6 +78,10 @@ def write_gguf(path, model: GPT, qtype=Q.F32, arch="llama", extra=None, drop=(),
         if ".attn_q." in name or ".attn_k." in name:
             arr = llama_cpp_permute(arr, cfg.n_heads if ".attn_q." in name else cfg.n_kv_heads)
         kind = (types or {}).get(name, qtype if arr.ndim == 2 else Q.F32)
+        if name in (blocks or {}):
+            raw, kind = blocks[name]
+            w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=kind)
+            continue
         w.add_tensor(name, gguf.quants.quantize(arr, kind), raw_dtype=kind)
     w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
 
@@ -106,9 +114,35 @@ def test_dequantize_block_layouts_by_hand():
     assert np.array_equal(dequantize(q8_0, Q.Q8_0, (1, 32)), 2.0 * q8[None].astype(np.float32))
 
 
+def kquant_blocks(rows: int, cols: int, kind, seed: int = 0) -> np.ndarray:
+    """(rows, bytes per row) uint8 of random K-quant super-blocks (256 weights) with finite fp16
+    scales: Q4_K / Q5_K start with d and dmin, Q6_K ends with d (ggml-common.h block_q4_K ...)."""
+    block, size = gguf.quants.GGML_QUANT_SIZES[kind]
+    raw = np.random.default_rng(seed).integers(0, 256, (rows * cols // block, size), dtype=np.uint8)
+    scale = np.float16(0.01).reshape(1).view(np.uint8)
+    if kind == Q.Q6_K:
+        raw[:, size - 2:] = scale
+    else:
+        raw[:, 0:2], raw[:, 2:4] = scale, scale
+    return raw.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("kind", [Q.Q4_K, Q.Q5_K, Q.Q6_K])
+def test_k_quants_are_decoded_by_gguf_quants(kind):
+    raw = kquant_blocks(3, 512, kind)
+    want = gguf.quants.dequantize(raw, kind)
+    assert want.shape == (3, 512) and np.isfinite(want).all()
+    assert np.array_equal(dequantize(raw, kind, (3, 512)), want)
+
+
 def test_dequantize_errors():
-    with pytest.raises(ValueError, match=r"blk\.0\.attn_q\.weight.*Q4_K.*supported: .*Q8_0"):
-        dequantize(np.zeros(144, np.uint8), Q.Q4_K, (256,), "blk.0.attn_q.weight")
+    with pytest.raises(ValueError, match=r"blk\.0\.attn_q\.weight: GGUF tensor type type 99 is not supported; "
+                                         r"supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, and the types gguf.quants"):
+        dequantize(np.zeros(144, np.uint8), 99, (256,), "blk.0.attn_q.weight")
+    with pytest.raises(ValueError, match="Q4_K tensor needs a last dimension that is a multiple of 256"):
+        dequantize(np.zeros(144, np.uint8), Q.Q4_K, (2, 128))
+    with pytest.raises(ValueError, match="Q6_K tensor of shape .1, 256. needs 210 bytes, got 144"):
+        dequantize(np.zeros(144, np.uint8), Q.Q6_K, (1, 256))
     with pytest.raises(ValueError, match="needs 68 bytes, got 34"):
         dequantize(np.zeros(34, np.uint8), Q.Q8_0, (2, 32))
     with pytest.raises(ValueError, match="multiple of 32"):
@@ -220,13 +254,36 @@ def test_math_changing_keys_refused(key, value):
         gpt_config_from_gguf({**LLAMA, key: value})
 
 
-def test_missing_misshaped_and_unsupported_tensors(tmp_path):
+def test_missing_and_misshaped_tensors(tmp_path):
     model = tiny_model(False)
     bad = np.zeros((64, 32), np.float32)  # attn_v is (K·Dh, D) = (32, 64)
     write_gguf(tmp_path / "m.gguf", model, drop={"blk.1.ffn_down.weight"}, replace={"blk.0.attn_v.weight": bad})
     with pytest.raises(ValueError, match=r"missing blk\.1\.ffn_down\.weight \(64, 96\).*"
                                          r"blk\.0\.attn_v\.weight has shape \(64, 32\), expected \(32, 64\)"):
         load_gguf(tmp_path / "m.gguf")
-    write_gguf(tmp_path / "t.gguf", model, types={"blk.0.ffn_up.weight": Q.Q5_0})
-    with pytest.raises(ValueError, match=r"blk\.0\.ffn_up\.weight: GGUF tensor type Q5_0 is not supported"):
-        load_gguf(tmp_path / "t.gguf")
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "auto"])
+def test_k_quant_file_loads_exactly_and_auto_keeps_it_at_q8_0(tmp_path, dtype):
+    torch.manual_seed(0)
+    model = tiny_model(True, d_ff=256)  # ffn_down is (64, 256): one super-block per row
+    raw = {"blk.0.ffn_down.weight": (kquant_blocks(64, 256, Q.Q4_K, 1), Q.Q4_K),
+           "blk.1.ffn_down.weight": (kquant_blocks(64, 256, Q.Q6_K, 2), Q.Q6_K),
+           "blk.1.ffn_up.weight": (gguf.quants.quantize(model.state_dict()["layers.1.ffn.up_proj.weight"].numpy(), Q.Q5_0),
+                                   Q.Q5_0)}
+    write_gguf(tmp_path / "k.gguf", model, blocks=raw)
+    loaded, _, _ = load_gguf(tmp_path / "k.gguf", dtype=dtype)
+    with torch.no_grad():  # the reference: the file's weights as gguf-py decodes them
+        for name, (blocks_, kind) in raw.items():
+            ours = {"blk.0.ffn_down.weight": "layers.0.ffn.down_proj.weight",
+                    "blk.1.ffn_down.weight": "layers.1.ffn.down_proj.weight",
+                    "blk.1.ffn_up.weight": "layers.1.ffn.up_proj.weight"}[name]
+            model.state_dict()[ours].copy_(torch.from_numpy(gguf.quants.dequantize(blocks_, kind)))
+    if dtype == "auto":  # no K-quant (or Q5_0) kernel: those matrices held as Q8_0 of their decoded values
+        for name in ("layers.0.ffn.down_proj", "layers.1.ffn.down_proj", "layers.1.ffn.up_proj"):
+            set_quantized(model, name, quantize(model.state_dict()[name + ".weight"], "q8_0"))
+            assert isinstance(loaded.get_submodule(name), QuantLinear)
+            assert loaded.get_submodule(name).qweight.scheme == "q8_0"
+    ids = torch.randint(0, len(TOKENS), (1, 12))
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)

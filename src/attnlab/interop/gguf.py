@@ -169,8 +169,10 @@ def _target(tensor, dtype: str) -> str | None:
         return None  # norms stay fp32
     if dtype in SCHEMES:
         return dtype
-    kind = TYPES.get(int(tensor.tensor_type), ("?", 0))[0].lower()
-    return kind if dtype == "auto" and kind in SCHEMES else None
+    kind = TYPES.get(int(tensor.tensor_type), ("other", 0))[0].lower()
+    if dtype != "auto" or kind in ("f32", "f16", "bf16"):
+        return None
+    return kind if kind in SCHEMES else "q8_0"  # K-quants and the rest: re-quantized to Q8_0
 
 
 def _quantized(tensor, g: str, scheme: str, shape, n_heads: int | None) -> QuantWeight:
@@ -222,8 +224,9 @@ def load_gguf(path, dtype: str = "fp32") -> tuple[GPT, ByteLevelBPE, dict[str, A
     Args:
         path: a .gguf file of general.architecture "llama" (e.g. tokenizers.gguf.find_smollm2_gguf()).
         dtype: "fp32" (every tensor dequantized: the reference), "bf16", "auto" (the file's Q8_0 /
-            Q4_0 / Q4_1 matrices stay as they are, in QuantLinear / QuantEmbedding modules, others
-            fp32), or "q8_0" / "q4_0" / "q4_1" (every matrix held in that type: kept as stored when
+            Q4_0 / Q4_1 matrices stay as they are, in QuantLinear / QuantEmbedding modules; other
+            quantized matrices, such as the K-quants Q4_K / Q6_K, which attnlab has no kernel for,
+            dequantized and re-quantized to Q8_0; float tensors fp32), or "q8_0" / "q4_0" / "q4_1" (every matrix held in that type: kept as stored when
             the file has it, else dequantized and re-quantized one tensor at a time).
     Returns:
         (model, tokenizer, metadata): a GPT in eval mode (Q/K rows un-permuted); the byte-level BPE of the file (encode(text, "all") matches control tokens

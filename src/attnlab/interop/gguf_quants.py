@@ -9,6 +9,8 @@ consecutive weights of one row, little-endian:
     Q4_1  20 bytes: fp16 scale d, fp16 minimum m, 16 bytes of 4-bit q  w = q · d + m
 In Q4_0 / Q4_1, byte j holds element j in its low nibble and element j + 16 in its high nibble.
 F32, F16 and BF16 are plain arrays (BF16: the top 16 bits of an fp32).
+Every other type gguf-py can decode (the K-quants Q2_K..Q6_K of 256-weight super-blocks, Q5_0, Q5_1,
+the IQ types...) is decoded by `gguf.quants.dequantize`, the reference implementation, as it is.
 Products and sums are taken in fp32 as separate operations, like gguf-py's reference (C builds of
 ggml may fuse q · d + m into one FMA, a last-bit difference).
 Source: ggml (llama.cpp) ggml-common.h and ggml-quants.c `dequantize_row_q8_0/q4_0/q4_1`; the GGUF
@@ -52,7 +54,8 @@ def dequantize(raw: np.ndarray, ggml_type, shape: Sequence[int], name: str = "te
     Args:
         raw: the tensor's bytes, as uint8 or as the typed array GGUFReader gives (float32 for F32,
             float16 for F16, (rows, bytes per row) uint8 for the block types); any shape, C order.
-        ggml_type: an int or gguf.GGMLQuantizationType: F32, F16, BF16, Q8_0, Q4_0 or Q4_1.
+        ggml_type: an int or gguf.GGMLQuantizationType: F32, F16, BF16, Q8_0, Q4_0, Q4_1 (ours),
+            or any other type gguf.quants decodes (K-quants such as Q4_K, Q6_K; module doc).
         shape: the shape to return, outermost first (PyTorch's order: ggml's ne reversed, so a
             GGUF weight of ne [in, out] is (out, in)).
         name: the tensor's name, for error messages.
@@ -65,14 +68,12 @@ def dequantize(raw: np.ndarray, ggml_type, shape: Sequence[int], name: str = "te
     Source: ggml-quants.c `dequantize_row_*` (see the module doc).
     """
     code = int(ggml_type)
-    if code not in TYPES:
-        supported = ", ".join(n for n, _ in TYPES.values())
-        raise ValueError(f"{name}: GGUF tensor type {_type_name(code)} is not supported; "
-                         f"supported: {supported}")
-    kind, size = TYPES[code]
     shape = tuple(int(n) for n in shape)
     n = math.prod(shape)
     data = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)  # (bytes,)
+    if code not in TYPES:
+        return _dequantize_with_gguf(data, code, shape, name)
+    kind, size = TYPES[code]
     if kind not in PLAIN and (not shape or shape[-1] % BLOCK):
         raise ValueError(f"{name}: a {kind} tensor needs a last dimension that is a multiple of "
                          f"{BLOCK}, got shape {shape}")
@@ -96,3 +97,26 @@ def dequantize(raw: np.ndarray, ggml_type, shape: Sequence[int], name: str = "te
         m = _fp16(blocks[:, 2:4])  # (NB, 1)
         out = d * _nibbles(blocks[:, 4:]).astype(np.float32) + m
     return out.reshape(shape)
+
+
+def _dequantize_with_gguf(data: np.ndarray, code: int, shape: tuple[int, ...], name: str) -> np.ndarray:
+    """A type of ours-not (module doc) decoded by gguf.quants.dequantize: (bytes,) uint8 -> `shape`."""
+    try:
+        import gguf.quants as gq  # optional dependency (the hf extra), needed only for these types
+        kind = gq.GGMLQuantizationType(code)
+        block, size = gq.GGML_QUANT_SIZES[kind]
+    except (ImportError, ValueError, KeyError):
+        supported = ", ".join(n for n, _ in TYPES.values())
+        raise ValueError(f"{name}: GGUF tensor type {_type_name(code)} is not supported; supported: "
+                         f"{supported}, and the types gguf.quants decodes (pip install gguf)") from None
+    if not shape or shape[-1] % block:
+        raise ValueError(f"{name}: a {kind.name} tensor needs a last dimension that is a multiple of "
+                         f"{block}, got shape {shape}")
+    expected = math.prod(shape) // block * size
+    if data.size != expected:
+        raise ValueError(f"{name}: {kind.name} tensor of shape {shape} needs {expected} bytes, got {data.size}")
+    try:
+        out = gq.dequantize(data.reshape(-1, size), kind)  # (blocks, block)
+    except NotImplementedError:
+        raise ValueError(f"{name}: GGUF tensor type {kind.name} cannot be decoded by this gguf version") from None
+    return np.ascontiguousarray(out, dtype=np.float32).reshape(shape)
