@@ -18,7 +18,7 @@ except ImportError:
     llama_cpp = None
 
 FTYPES = {"F32": "LLAMA_FTYPE_ALL_F32", "Q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "Q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0",
-          "Q4_1": "LLAMA_FTYPE_MOSTLY_Q4_1"}
+          "Q4_1": "LLAMA_FTYPE_MOSTLY_Q4_1", "Q4_K_M": "LLAMA_FTYPE_MOSTLY_Q4_K_M"}
 
 
 def version() -> str | None:
@@ -26,7 +26,7 @@ def version() -> str | None:
 
 
 def requantize(src: str, kind: str, out: str, threads: int) -> str:
-    """Write `src` re-quantized to `kind` (F32, Q8_0, Q4_0, Q4_1) at `out` with llama.cpp itself."""
+    """Write `src` re-quantized to `kind` (F32, Q8_0, Q4_0, Q4_1, Q4_K_M) at `out` with llama.cpp itself."""
     p = llama_cpp.llama_model_quantize_default_params()
     p.ftype = getattr(llama_cpp, FTYPES[kind])
     p.allow_requantize = True

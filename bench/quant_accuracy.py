@@ -12,7 +12,10 @@ embedding, kept as stored) it reports:
     (nn/quant_kernel.py, PREFILL_ROWS); "perplexity_int8_path" scores the same text through the
     int8 kernel that decoding uses (activations quantized per 32-block), for q8_0 and gguf.
 With llama-cpp-python installed, llama.cpp's perplexity on the same token ids and windows at F32, Q8_0,
-Q4_0 (re-quantized by llama.cpp from the file) and Q4_1 (the file).
+Q4_0 (re-quantized by llama.cpp from the file) and Q4_1 (the file). With --kquant, llama.cpp also writes
+the model as Q4_K_M (Q4_K and Q6_K matrices, the most common GGUF download) and both engines score
+that file: ours at --dtype auto (its K-quant matrices re-quantized to Q8_0: no K-quant kernel) and
+fp32 (decoded exactly), llama.cpp as it is.
 Prints one JSON line (and writes it to --out).
 
     python bench/quant_accuracy.py [--tokens 20000] [--window 1024] [--threads 2] [--out FILE]
@@ -120,6 +123,20 @@ def llamacpp(args, ids) -> dict:
     return out
 
 
+def kquant(args, ids) -> dict:
+    """Perplexity of a Q4_K_M file written by llama.cpp from the reference GGUF, in both engines."""
+    path = peer.requantize(str(resolve("smollm2-135m")), "Q4_K_M", f"{tempfile.mkdtemp()}/Q4_K_M.gguf", args.threads)
+    out = {"file_bytes": peer.file_bytes(path)}
+    for dtype in ("auto", "fp32"):
+        m = load_causal_lm(path, dtype).model
+        total, count = nll(m, ids, args.window)
+        out[f"attnlab {dtype}"] = {"perplexity": round(math.exp(total / count), 4)}
+        del m
+    llm = peer.load(path, args.threads, n_ctx=args.window, logits_all=True)
+    out["llama.cpp"] = {"perplexity": round(peer.perplexity(*peer.nll(llm, ids, args.window)), 4)}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=20000)
@@ -128,15 +145,20 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out")
     ap.add_argument("--llamacpp-only", action="store_true", help="only llama.cpp's perplexities")
+    ap.add_argument("--kquant", action="store_true", help="only the Q4_K_M file's perplexities, in both engines")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    if args.llamacpp_only:
-        result, ids = {}, val_ids(load_causal_lm("smollm2-135m", "fp32").tokenizer, args.tokens)
+    head = {"bench": "quant_accuracy", "model": "SmolLM2-135M-Instruct", "threads": args.threads}
+    if args.kquant:
+        ids = val_ids(load_causal_lm("smollm2-135m", "fp32").tokenizer, args.tokens)
+        line = json.dumps({**head, "val_tokens": len(ids), "window": args.window, "Q4_K_M": kquant(args, ids)})
     else:
-        result, ids = ours(args)
-    line = json.dumps({"bench": "quant_accuracy", "model": "SmolLM2-135M-Instruct", "threads": args.threads,
-                       "val_tokens": len(ids), "window": args.window, "new_tokens": args.new, "attnlab": result,
-                       "llama.cpp": llamacpp(args, ids)})
+        if args.llamacpp_only:
+            result, ids = {}, val_ids(load_causal_lm("smollm2-135m", "fp32").tokenizer, args.tokens)
+        else:
+            result, ids = ours(args)
+        line = json.dumps({**head, "val_tokens": len(ids), "window": args.window, "new_tokens": args.new,
+                           "attnlab": result, "llama.cpp": llamacpp(args, ids)})
     print(line)
     if args.out:
         with open(args.out, "w") as f:
