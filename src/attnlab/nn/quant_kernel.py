@@ -10,7 +10,9 @@ even) and y = F.linear(bf16(x), bf16(Ŵ)), accumulated in fp32 and rounded to bf
 Two implementations of each formula:
     "cpp"    quant_kernel.cpp, a small C++ extension (AVX512-VNNI int8 dot products per 32-block,
              llama.cpp's scheme), compiled with torch.utils.cpp_extension at first use (about a minute,
-             cached under ~/.cache/torch_extensions) on x86-64 CPUs with AVX512-VNNI and a C++ compiler;
+             cached under ~/.cache/torch_extensions, one build per version of the sources) on x86-64
+             CPUs with AVX512-VNNI and a C++ compiler. The same extension holds the fused decode step
+             (fused_decode.cpp, used by nn/fused_decode.py), which shares the int8 code (quant_kernel.h);
     "torch"  the pure-PyTorch reference: dequantize W (in slices of rows) and call F.linear.
 The C++ kernel is used when it builds; otherwise (no compiler, another CPU, the build failed, or
 ATTNLAB_QUANT_KERNEL=torch) the fallback runs, with one warning on stderr saying why. Both agree up to
@@ -18,6 +20,7 @@ fp32 summation order (tests/nn/test_quant_linear.py).
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 from pathlib import Path
@@ -27,9 +30,12 @@ import torch.nn.functional as F
 
 from attnlab.nn.quant import BLOCK, QuantWeight, dequantize, quantize_activations
 
-SOURCE = Path(__file__).with_name("quant_kernel.cpp")
+SOURCES = [Path(__file__).with_name(n) for n in ("quant_kernel.cpp", "fused_decode.cpp")]
+HEADERS = [Path(__file__).with_name(n) for n in ("quant_kernel.h", "decode_matvec.h")]
 SCHEME_ID = {"q8_0": 0, "q4_0": 1, "q4_1": 2}
-FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mf16c", "-mfma"]
+# -ffp-contract=off: a · b + c rounds twice, as PyTorch's separate ops do (explicit FMA intrinsics stay FMA)
+FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mf16c", "-mfma",
+         "-ffp-contract=off"]
 PREFILL_ROWS = 32    # from this many rows on, the bf16 GEMM route (module doc)
 FALLBACK_ROWS = 4096  # W rows dequantized at once by the fallback (bounds its fp32 temporary)
 _state: dict = {}
@@ -44,6 +50,17 @@ def _cpu_has_vnni() -> bool:
     return {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "f16c", "fma"} <= flags
 
 
+def _extension_name() -> str:
+    """The extension's name, with a digest of its sources, headers and flags: each version builds in
+    its own directory (torch's build cache does not see header changes, and checkouts of different
+    versions on one machine must not rebuild over each other)."""
+    digest = hashlib.sha256()
+    for path in SOURCES + HEADERS:
+        digest.update(path.read_bytes())
+    digest.update(" ".join(FLAGS).encode())
+    return f"attnlab_kernels_{digest.hexdigest()[:12]}"
+
+
 def _build() -> str | None:
     """Compile and load the extension; return None, or the reason it is not available."""
     if os.environ.get("ATTNLAB_QUANT_KERNEL", "") == "torch":
@@ -52,12 +69,12 @@ def _build() -> str | None:
         return "this CPU has no AVX512-VNNI"
     try:
         from torch.utils import cpp_extension  # optional: needs a C++ compiler and ninja at run time
-        cpp_extension.load(name="attnlab_quant_kernel", sources=[str(SOURCE)], extra_cflags=FLAGS,
+        cpp_extension.load(name=_extension_name(), sources=[str(p) for p in SOURCES], extra_cflags=FLAGS,
                            is_python_module=False, verbose=False)
         torch.library.register_fake("attnlab_quant::linear")(_fake)
         torch.library.register_fake("attnlab_quant::dequantize_bf16")(_fake_bf16)
     except Exception as err:  # any build or load failure: fall back, saying why
-        return f"building {SOURCE.name} failed ({type(err).__name__}: {str(err).splitlines()[0][:200]})"
+        return f"building {SOURCES[0].name} failed ({type(err).__name__}: {str(err).splitlines()[0][:200]})"
     return None
 
 

@@ -1,0 +1,124 @@
+// Matrix-vector products of one decoding step (batch 1, one new token): y = W x + b for dense fp32
+// and block-quantized (Q8_0, Q4_0, Q4_1) weights, several matrices of one input in one pass over
+// the threads (q|k|v, gate|up), their outputs concatenated.
+//
+// Shapes: x (I,) fp32; each part's W (O_p, I): fp32 (O_p, I) contiguous, or qs / d / m as in
+// nn/quant.py; b (O_p,) fp32 or none; y (Σ O_p,) fp32, part p's rows at its offset.
+// fp32: each output is one dot product of I terms, 16 lanes of fp32 FMA then a horizontal sum (the
+// order of the additions differs from F.linear's: results agree up to fp32 summation order).
+// Quantized: x is quantized once per 32-block (quant_kernel.h), then each block's 32 int8 products
+// are summed exactly in int32, as in torch.ops.attnlab_quant.linear (same tile code, same result).
+// Rows are split over at::parallel_for in tiles of MR rows; a product smaller than kParallelBytes
+// runs on the calling thread (waking a thread costs more than it saves).
+// Source: ggml-cpu ggml_vec_dot_f32 / ggml_vec_dot_q8_0_q8_0 (the same split of rows over threads).
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "quant_kernel.h"
+
+namespace attnlab_decode {
+
+using namespace attnlab_q8;
+
+constexpr int F32 = 3;                      // kinds 0..2 are the Scheme ids (q8_0, q4_0, q4_1)
+constexpr int64_t kParallelBytes = 1 << 15;  // a thread's least share of a product's weight bytes
+
+struct Linear {  // one (O, I) weight and its bias; the tensors are held so the pointers stay valid
+  int kind = F32;
+  int64_t out = 0, in = 0, offset = 0;  // offset: first row of this part in its group's output
+  at::Tensor w, qs, d, m, bias;
+  const float* wp = nullptr;
+  const uint8_t* qsp = nullptr;
+  const at::Half* dp = nullptr;
+  const at::Half* mp = nullptr;
+  const float* bp = nullptr;
+
+  int64_t bytes() const {
+    return kind == F32 ? out * in * 4 : qs.numel() * qs.element_size() + (in / QK) * out * (kind == Q4_1 ? 4 : 2);
+  }
+};
+
+struct Tile {  // rows o .. o + rows − 1 of part `part`
+  int part;
+  int64_t o, rows;
+};
+
+struct Group {  // parts of one input, outputs concatenated
+  std::vector<Linear> parts;
+  std::vector<Tile> tiles;
+  int64_t in = 0, out = 0, grain = 1;
+  bool q8 = false, q4 = false;  // which activation quantizations the parts need
+
+  void add(Linear l) {
+    TORCH_CHECK(parts.empty() || l.in == in, "the parts of a group must share in_features");
+    in = l.in;
+    l.offset = out;
+    out += l.out;
+    q8 |= l.kind == Q8_0;
+    q4 |= l.kind == Q4_0 || l.kind == Q4_1;
+    const int p = (int)parts.size();
+    int64_t o = 0;
+    for (; o + MR <= l.out; o += MR) tiles.push_back({p, o, MR});
+    for (; o < l.out; ++o) tiles.push_back({p, o, 1});
+    parts.push_back(std::move(l));
+    int64_t bytes = 0;
+    for (const Linear& q : parts) bytes += q.bytes();
+    grain = std::max<int64_t>(1, (int64_t)tiles.size() * kParallelBytes / std::max<int64_t>(bytes, 1));
+  }
+};
+
+// y[o .. o+M) = W[o .. o+M) x for fp32 W (O, I) row-major; the last partial vector of a row masked.
+template <int M>
+inline void f32_rows(const float* w, int64_t in, const float* x, int64_t o, float* y) {
+  __m512 acc[M];
+  for (int r = 0; r < M; ++r) acc[r] = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= in; i += 16) {
+    const __m512 xv = _mm512_loadu_ps(x + i);
+    for (int r = 0; r < M; ++r) acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(w + (o + r) * in + i), xv, acc[r]);
+  }
+  if (i < in) {
+    const __mmask16 k = (__mmask16)((1u << (in - i)) - 1);
+    const __m512 xv = _mm512_maskz_loadu_ps(k, x + i);
+    for (int r = 0; r < M; ++r) acc[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, w + (o + r) * in + i), xv, acc[r]);
+  }
+  for (int r = 0; r < M; ++r) y[o + r] = _mm512_reduce_add_ps(acc[r]);
+}
+
+template <int SCHEME>
+inline void quant_rows(const Linear& l, const Acts& a, const Tile& t, float* y) {
+  const int64_t nb = l.in / QK, row_bytes = SCHEME == Q8_0 ? l.in : l.in / 2;
+  if (t.rows == MR) rows_tile<SCHEME, MR>(l.qsp, l.dp, l.mp, row_bytes, nb, a, t.o, y, l.out);
+  else rows_tile<SCHEME, 1>(l.qsp, l.dp, l.mp, row_bytes, nb, a, t.o, y, l.out);
+}
+
+// y (g.out,) = [W_p x + b_p for each part p]; a8 / a4: scratch for x's int8 forms.
+inline void matvec(const Group& g, const float* x, float* y, Acts& a8, Acts& a4) {
+  if (g.q8) quantize_rows(a8, x, 1, g.in, Q8_0);
+  if (g.q4) quantize_rows(a4, x, 1, g.in, Q4_0);  // Q4_0 and Q4_1 read the same activation form
+  at::parallel_for(0, (int64_t)g.tiles.size(), g.grain, [&](int64_t t0, int64_t t1) {
+    for (int64_t i = t0; i < t1; ++i) {
+      const Tile& t = g.tiles[i];
+      const Linear& l = g.parts[t.part];
+      float* yp = y + l.offset;
+      switch (l.kind) {
+        case Q8_0: quant_rows<Q8_0>(l, a8, t, yp); break;
+        case Q4_0: quant_rows<Q4_0>(l, a4, t, yp); break;
+        case Q4_1: quant_rows<Q4_1>(l, a4, t, yp); break;
+        default:
+          if (t.rows == MR) f32_rows<MR>(l.wp, l.in, x, t.o, yp);
+          else f32_rows<1>(l.wp, l.in, x, t.o, yp);
+      }
+      if (l.bp != nullptr)
+        for (int64_t r = t.o; r < t.o + t.rows; ++r) yp[r] += l.bp[r];
+    }
+  });
+}
+
+}  // namespace attnlab_decode
