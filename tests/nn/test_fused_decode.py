@@ -1,0 +1,169 @@
+"""The fused C++ decode step (nn/fused_decode.py) against the PyTorch path on the same model.
+
+Bound: logits within 1e-5 of the largest |logit| (fp32 summation order: norms, dot products and
+softmax sums add in another order; measured ≤ 1e-6 here). The quantized paths quantize the
+activations with the same code, so they meet the same bound as long as no activation lies within
+that rounding of an int8 step boundary (then one element moves by one step; not the case here).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attnlab.nn.fused_decode as fused_decode
+from attnlab.generate import generate
+from attnlab.models.gpt import GPT, GPTConfig
+from attnlab.nn.fused_decode import ENV, FusedDecoder
+from attnlab.nn.quant_kernel import kernel
+from attnlab.nn.quant_linear import set_dtype
+from tests.conftest import spread_weights
+
+pytestmark = pytest.mark.skipif(kernel() != "cpp", reason="the C++ kernel is not available here (nn/quant_kernel.py)")
+
+DTYPES = ("fp32", "q8_0", "q4_0", "q4_1")
+BOUND = 1e-5  # of the largest |logit|
+
+
+def tiny(dtype: str = "fp32", preset: str = "llama", **overrides) -> GPT:
+    """A random LLaMA-style model with GQA (4 heads, 2 kv heads), weights spread so tokens vary."""
+    torch.manual_seed(0)
+    sizes = dict(vocab_size=96, d_model=64, n_layers=2, n_heads=4, d_ff=128, max_seq_len=64)
+    if preset != "gpt2":
+        sizes["n_kv_heads"] = 2
+    model = spread_weights(GPT(GPTConfig.from_name(preset, **{**sizes, **overrides})).eval())
+    return set_dtype(model, dtype)
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """The number of fused steps taken so far: calls["n"]."""
+    calls = {"n": 0}
+    step = FusedDecoder.step
+
+    def counting(self, *args):
+        calls["n"] += 1
+        return step(self, *args)
+
+    monkeypatch.setattr(FusedDecoder, "step", counting)
+    return calls
+
+
+@torch.no_grad()
+def decode(model: GPT, ids: list[int], prefill: int, fused: bool, monkeypatch, chunks=()) -> tuple:
+    """Prefill ids[:prefill] (PyTorch path), then feed the rest one token at a time (chunks: steps
+    that instead feed two tokens in one PyTorch forward). Returns (stacked logits of the one-token
+    steps, the caches' keys and values)."""
+    monkeypatch.setenv(ENV, "1" if fused else "0")
+    t = torch.tensor([ids])
+    model.setup_kv_cache(1, len(ids) + 4)
+    model(t[:, :prefill])
+    logits, i = [], prefill
+    while i < len(ids):
+        n = 2 if i in chunks else 1
+        out = model(t[:, i:i + n], position_ids=torch.arange(i, i + n)[None]).logits
+        if n == 1:
+            logits.append(out[0, -1])
+        i += n
+    held = model.caches[0].length - model.caches[0].start
+    kv = [c.k[:, :, :held].clone() for c in model.caches] + [c.v[:, :, :held].clone() for c in model.caches]
+    model.clear_kv_cache()
+    return torch.stack(logits), kv
+
+
+def assert_close(a: torch.Tensor, b: torch.Tensor) -> None:
+    assert (a - b).abs().max() <= BOUND * b.abs().max(), float((a - b).abs().max() / b.abs().max())
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_steps_equal_the_pytorch_path(dtype, tied, monkeypatch, counted):
+    model = tiny(dtype, tie_embeddings=tied)
+    ids = torch.randint(0, 96, (14,)).tolist()
+    fused, fused_kv = decode(model, ids, 5, True, monkeypatch)
+    assert counted["n"] == 9
+    ref, ref_kv = decode(model, ids, 5, False, monkeypatch)
+    assert counted["n"] == 9
+    assert_close(fused, ref)
+    for a, b in zip(fused_kv, ref_kv):
+        assert_close(a, b)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_and_pytorch_steps_share_the_cache(dtype, monkeypatch, counted):
+    model = tiny(dtype)
+    ids = torch.randint(0, 96, (16,)).tolist()
+    mixed, mixed_kv = decode(model, ids, 3, True, monkeypatch, chunks=(6, 11))  # two 2-token PyTorch chunks
+    assert counted["n"] == 9
+    ref, ref_kv = decode(model, ids, 3, False, monkeypatch, chunks=(6, 11))
+    assert_close(mixed, ref)
+    for a, b in zip(mixed_kv, ref_kv):
+        assert_close(a, b)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_greedy_generation_is_identical(dtype, tied, monkeypatch, counted):
+    model = tiny(dtype, tie_embeddings=tied)
+    prompt = [3, 14, 15, 92, 65]
+    fused = generate(model, [prompt], 20, stop_tokens=[])
+    assert counted["n"] == 19  # every token after the prefill's
+    monkeypatch.setenv(ENV, "0")
+    assert generate(model, [prompt], 20, stop_tokens=[]) == fused
+    assert counted["n"] == 19
+    assert len(set(fused[0])) > 3  # varied tokens: a real comparison
+
+
+@pytest.mark.parametrize("overrides", [dict(preset="mistral", sliding_window=4, max_seq_len=16),
+                                       dict(bias=True), dict(qkv_bias=True)],
+                         ids=["sliding-window", "biases", "qkv-biases"])
+@pytest.mark.parametrize("dtype", ["fp32", "q8_0"])
+def test_windows_and_biases(dtype, overrides, monkeypatch, counted):
+    model = tiny(dtype, **overrides)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1 and not torch.all(p == 1):  # the biases (norm gains stay 1)
+                p.normal_(0, 0.5)
+    ids = torch.randint(0, 96, (30,)).tolist()  # 30 positions: a window-4 cache of 8 rolls
+    fused, _ = decode(model, ids, 5, True, monkeypatch)
+    assert counted["n"] == 25
+    ref, _ = decode(model, ids, 5, False, monkeypatch)
+    assert_close(fused, ref)
+    tokens = generate(model, [[5, 6, 7]], 24, stop_tokens=[])
+    monkeypatch.setenv(ENV, "0")
+    assert generate(model, [[5, 6, 7]], 24, stop_tokens=[]) == tokens
+
+
+def test_rope_table_grows_and_matches_the_model(monkeypatch, counted):
+    monkeypatch.setattr(fused_decode, "ROPE_ROWS", 2)  # grown at positions 2, 4, 8, 16
+    model = tiny()
+    ids = torch.randint(0, 96, (20,)).tolist()
+    fused, _ = decode(model, ids, 1, True, monkeypatch)
+    ref, _ = decode(model, ids, 1, False, monkeypatch)
+    assert_close(fused, ref)
+    cos, sin = model.rotary(torch.tensor([[17]]))
+    table = FusedDecoder(None, model.rotary, None)._rope_table(17)
+    assert torch.equal(table[0][17], cos.flatten()) and torch.equal(table[1][17], sin.flatten())
+
+
+@pytest.mark.parametrize("case", ["gpt2", "mixtral", "bf16", "batch-2", "off"])
+def test_unsupported_cases_fall_back_with_the_same_tokens(case, monkeypatch, counted):
+    if case == "off":
+        monkeypatch.setenv(ENV, "0")
+    model = tiny("bf16" if case == "bf16" else "fp32", preset=case if case in ("gpt2", "mixtral") else "llama")
+    prompts = [[1, 2, 3], [4, 5, 6]] if case == "batch-2" else [[1, 2, 3]]
+    tokens = generate(model, prompts, 8, stop_tokens=[])
+    assert counted["n"] == 0
+    monkeypatch.setenv(ENV, "0")
+    assert generate(model, prompts, 8, stop_tokens=[]) == tokens
+
+
+def test_overflow_and_bad_tokens_behave_as_the_pytorch_path(monkeypatch):
+    model = tiny()
+    with torch.no_grad():
+        model.setup_kv_cache(1, 3)
+        model(torch.tensor([[1, 2, 3]]))
+        with pytest.raises(ValueError, match="KV cache overflow"):
+            model(torch.tensor([[4]]))
+        model.setup_kv_cache(1, 3)
+        with pytest.raises(IndexError):
+            model(torch.tensor([[96]]))  # outside the vocabulary: nn.Embedding's error
