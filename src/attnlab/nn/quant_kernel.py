@@ -33,9 +33,12 @@ from attnlab.nn.quant import BLOCK, QuantWeight, dequantize, quantize_activation
 SOURCES = [Path(__file__).with_name(n) for n in ("quant_kernel.cpp", "fused_decode.cpp")]
 HEADERS = [Path(__file__).with_name(n) for n in ("quant_kernel.h", "decode_matvec.h")]
 SCHEME_ID = {"q8_0": 0, "q4_0": 1, "q4_1": 2}
-# -ffp-contract=off: a · b + c rounds twice, as PyTorch's separate ops do (explicit FMA intrinsics stay FMA)
+# -ffp-contract=off: a · b + c rounds twice, as PyTorch's separate ops do (explicit FMA intrinsics stay FMA).
+# -fopenmp: at::parallel_for is an inline template that runs serially unless the extension itself is built
+# with OpenMP; linked by soname, it shares torch's libgomp (and its thread count) at run time.
 FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mf16c", "-mfma",
-         "-ffp-contract=off"]
+         "-ffp-contract=off", "-fopenmp"]
+LDFLAGS = ["-fopenmp"]
 PREFILL_ROWS = 32    # from this many rows on, the bf16 GEMM route (module doc)
 FALLBACK_ROWS = 4096  # W rows dequantized at once by the fallback (bounds its fp32 temporary)
 _state: dict = {}
@@ -57,7 +60,7 @@ def _extension_name() -> str:
     digest = hashlib.sha256()
     for path in SOURCES + HEADERS:
         digest.update(path.read_bytes())
-    digest.update(" ".join(FLAGS).encode())
+    digest.update(" ".join(FLAGS + LDFLAGS).encode())
     return f"attnlab_kernels_{digest.hexdigest()[:12]}"
 
 
@@ -70,6 +73,7 @@ def _build() -> str | None:
     try:
         from torch.utils import cpp_extension  # optional: needs a C++ compiler and ninja at run time
         cpp_extension.load(name=_extension_name(), sources=[str(p) for p in SOURCES], extra_cflags=FLAGS,
+                           extra_ldflags=LDFLAGS,
                            is_python_module=False, verbose=False)
         torch.library.register_fake("attnlab_quant::linear")(_fake)
         torch.library.register_fake("attnlab_quant::dequantize_bf16")(_fake_bf16)
