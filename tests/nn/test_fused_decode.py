@@ -1,9 +1,16 @@
 """The fused C++ decode step (nn/fused_decode.py) against the PyTorch path on the same model.
 
-Bound: logits within 1e-5 of the largest |logit| (fp32 summation order: norms, dot products and
-softmax sums add in another order; measured ≤ 1e-6 here). The quantized paths quantize the
-activations with the same code, so they meet the same bound as long as no activation lies within
-that rounding of an int8 step boundary (then one element moves by one step; not the case here).
+fp32: logits and caches within 1e-5 of the largest |value| (fp32 summation order: the products and
+attention add in another order; measured ≤ 3e-6 over 40 random tiny models).
+Quantized: the fused step runs PyTorch's own operations in PyTorch's order everywhere except in
+attention (the embedding, RMSNorm's sum, the int8 kernel, RoPE, SiLU through the same Sleef exp), so
+one token into an empty cache (attention over one position is exact) gives bit-identical logits, and
+the first layer's keys and values are bit-identical at every step. Past one position the attention
+output differs in the last bits, and when an activation then lies that close to an int8 rounding
+boundary it rounds to the other step (a "flip"): one element moves by one step dx = max|x_b| / 127,
+and the logits by up to ~3e-2 of the largest (measured over 120 random tiny models: 5 % of runs
+had one, the other steps stayed ≤ 1e-6). So quantized logits are held to QUANT_BOUND, greedy tokens
+to equality.
 """
 from __future__ import annotations
 
@@ -21,7 +28,8 @@ from tests.conftest import spread_weights
 pytestmark = pytest.mark.skipif(kernel() != "cpp", reason="the C++ kernel is not available here (nn/quant_kernel.py)")
 
 DTYPES = ("fp32", "q8_0", "q4_0", "q4_1")
-BOUND = 1e-5  # of the largest |logit|
+BOUND = 1e-5        # of the largest |value|: fp32
+QUANT_BOUND = 5e-2  # of the largest |value|: quantized, an int8 rounding flip allowed (module doc)
 
 
 def tiny(dtype: str = "fp32", preset: str = "llama", **overrides) -> GPT:
@@ -56,7 +64,8 @@ def decode(model: GPT, ids: list[int], prefill: int, fused: bool, monkeypatch, c
     monkeypatch.setenv(ENV, "1" if fused else "0")
     t = torch.tensor([ids])
     model.setup_kv_cache(1, len(ids) + 4)
-    model(t[:, :prefill])
+    if prefill:
+        model(t[:, :prefill])
     logits, i = [], prefill
     while i < len(ids):
         n = 2 if i in chunks else 1
@@ -70,8 +79,23 @@ def decode(model: GPT, ids: list[int], prefill: int, fused: bool, monkeypatch, c
     return torch.stack(logits), kv
 
 
-def assert_close(a: torch.Tensor, b: torch.Tensor) -> None:
-    assert (a - b).abs().max() <= BOUND * b.abs().max(), float((a - b).abs().max() / b.abs().max())
+def assert_close(a: torch.Tensor, b: torch.Tensor, dtype: str = "fp32") -> None:
+    bound = BOUND if dtype == "fp32" else QUANT_BOUND
+    assert (a - b).abs().max() <= bound * b.abs().max(), float((a - b).abs().max() / b.abs().max())
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_one_token_into_an_empty_cache_is_pytorchs_bit_for_bit_when_quantized(dtype, tied, monkeypatch, counted):
+    model = tiny(dtype, tie_embeddings=tied)
+    fused, fused_kv = decode(model, [7, 8], 0, True, monkeypatch)  # prefill of nothing: two fused steps
+    assert counted["n"] == 2
+    ref, ref_kv = decode(model, [7, 8], 0, False, monkeypatch)
+    if dtype == "fp32":
+        assert_close(fused, ref)
+    else:
+        assert torch.equal(fused[0], ref[0])  # attention over one position: every operation the same
+        assert torch.equal(fused_kv[0], ref_kv[0]) and torch.equal(fused_kv[2], ref_kv[2])  # layer 0's k, v
 
 
 @pytest.mark.parametrize("tied", [True, False])
@@ -83,9 +107,11 @@ def test_fused_steps_equal_the_pytorch_path(dtype, tied, monkeypatch, counted):
     assert counted["n"] == 9
     ref, ref_kv = decode(model, ids, 5, False, monkeypatch)
     assert counted["n"] == 9
-    assert_close(fused, ref)
+    assert_close(fused, ref, dtype)
     for a, b in zip(fused_kv, ref_kv):
-        assert_close(a, b)
+        assert_close(a, b, dtype)
+    if dtype != "fp32":  # layer 0's keys and values: embedding, RMSNorm, int8 q|k|v, RoPE, all PyTorch's
+        assert torch.equal(fused_kv[0], ref_kv[0]) and torch.equal(fused_kv[len(model.layers)], ref_kv[len(model.layers)])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -95,9 +121,9 @@ def test_fused_and_pytorch_steps_share_the_cache(dtype, monkeypatch, counted):
     mixed, mixed_kv = decode(model, ids, 3, True, monkeypatch, chunks=(6, 11))  # two 2-token PyTorch chunks
     assert counted["n"] == 9
     ref, ref_kv = decode(model, ids, 3, False, monkeypatch, chunks=(6, 11))
-    assert_close(mixed, ref)
+    assert_close(mixed, ref, dtype)
     for a, b in zip(mixed_kv, ref_kv):
-        assert_close(a, b)
+        assert_close(a, b, dtype)
 
 
 @pytest.mark.parametrize("tied", [True, False])
@@ -127,7 +153,7 @@ def test_windows_and_biases(dtype, overrides, monkeypatch, counted):
     fused, _ = decode(model, ids, 5, True, monkeypatch)
     assert counted["n"] == 25
     ref, _ = decode(model, ids, 5, False, monkeypatch)
-    assert_close(fused, ref)
+    assert_close(fused, ref, dtype)
     tokens = generate(model, [[5, 6, 7]], 24, stop_tokens=[])
     monkeypatch.setenv(ENV, "0")
     assert generate(model, [[5, 6, 7]], 24, stop_tokens=[]) == tokens

@@ -128,17 +128,50 @@ void rope(float* x, int64_t n, int64_t dh, const float* cos, const float* sin) {
   }
 }
 
+// Sleef's 16-lane exp (max error 1 ulp): the one PyTorch's CPU kernels call (F.silu's exp), exported by
+// libtorch_cpu. Weak: with a torch build that does not export it, std::exp runs lane by lane instead.
+extern "C" __m512 Sleef_expf16_u10(__m512) __attribute__((weak));
+
+inline __m512 exp16(__m512 x) {
+  if (Sleef_expf16_u10 != nullptr) return Sleef_expf16_u10(x);
+  alignas(64) float t[16];
+  _mm512_store_ps(t, x);
+  for (float& v : t) v = std::exp(v);
+  return _mm512_load_ps(t);
+}
+
+inline __mmask16 lanes_from(int64_t i, int64_t n) { return n - i >= 16 ? (__mmask16)0xFFFF : tail_mask(n - i); }
+
+// y (n) = SiLU(g) · u with F.silu's operations: g / (1 + exp(−g)), then times u (bit for bit PyTorch's)
+void swiglu(const float* g, const float* u, int64_t n, float* y) {
+  const __m512 one = _mm512_set1_ps(1.0f), sign = _mm512_set1_ps(-0.0f);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 k = lanes_from(i, n);
+    const __m512 gv = _mm512_maskz_loadu_ps(k, g + i);
+    const __m512 silu = _mm512_div_ps(gv, _mm512_add_ps(one, exp16(_mm512_xor_ps(gv, sign))));
+    _mm512_mask_storeu_ps(y + i, k, _mm512_mul_ps(silu, _mm512_maskz_loadu_ps(k, u + i)));
+  }
+}
+
 // out (Dh) = softmax(q · k_j / √Dh) v_j over the n slots from k, v (n, Dh); p: scratch (n)
 void attend_head(const float* q, const float* k, const float* v, int64_t n, int64_t dh, float* p, float* out) {
   const float scale = 1.0f / std::sqrt((float)dh);
   float mx = -INFINITY;
   for (int64_t j = 0; j < n; ++j) mx = std::max(mx, p[j] = dot(q, k + j * dh, dh) * scale);
-  float sum = 0.0f;
-  for (int64_t j = 0; j < n; ++j) sum += (p[j] = std::exp(p[j] - mx));
-  for (int64_t i = 0; i < dh; ++i) out[i] = 0.0f;
-  for (int64_t j = 0; j < n; ++j) {
-    const float w = p[j] / sum;
-    for (int64_t i = 0; i < dh; ++i) out[i] += w * v[j * dh + i];
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = lanes_from(j, n);
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, p + j), _mm512_set1_ps(mx)));
+    _mm512_mask_storeu_ps(p + j, m, e);
+    acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(m, e));
+  }
+  const float inv = 1.0f / _mm512_reduce_add_ps(acc);
+  for (int64_t i = 0; i < dh; i += 16) {
+    const __mmask16 m = lanes_from(i, dh);
+    __m512 o = _mm512_setzero_ps();
+    for (int64_t j = 0; j < n; ++j)
+      o = _mm512_fmadd_ps(_mm512_set1_ps(p[j] * inv), _mm512_maskz_loadu_ps(m, v + j * dh + i), o);
+    _mm512_mask_storeu_ps(out + i, m, o);
   }
 }
 
@@ -333,11 +366,7 @@ at::Tensor DecodePlan::step(int64_t token, int64_t position, at::Tensor cos, at:
     for (int64_t i = 0; i < d_; ++i) x[i] = x[i] + h[i];
     rmsnorm(x, l.ffn_norm.data_ptr<float>(), d_, l.ffn_eps, h);
     matvec(l.gate_up, h, gu_.data(), a8_, a4_);
-    const int64_t f = l.down.in;
-    for (int64_t i = 0; i < f; ++i) {
-      const float g = gu_[i];
-      h[i] = g / (1.0f + std::exp(-g)) * gu_[f + i];  // SiLU(g) · u
-    }
+    swiglu(gu_.data(), gu_.data() + l.down.in, l.down.in, h);
     matvec(l.down, h, qkv, a8_, a4_);  // qkv is free again: (H + 2K)·Dh >= D
     for (int64_t i = 0; i < d_; ++i) x[i] = x[i] + qkv[i];
   }
