@@ -238,29 +238,25 @@ _decoder_block(cfg) for _ in range(cfg.n_layers))
     # ------------------------------------------------------------------ forward
     def _fused_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                       position_ids: torch.Tensor | None, need_weights: bool) -> torch.Tensor | None:
-        """(1, 1, V) logits of one new token from the fused C++ decode step (nn/fused_decode.py), or
-        None where this call takes the PyTorch path: not one token of one sequence with a KV cache,
-        padding, attention weights wanted, training or autograd, compiling, ATTNLAB_FUSED_DECODE=0,
-        or a model the step does not run (learned/sinusoidal positions, LayerNorm, Post-LN, GELU,
-        MoE, bf16, ...). The plan is bound to the weights at the first step after setup_kv_cache().
+        """(1, 1, V) logits of one new token from the fused C++ step (nn/fused_decode.py), or None where
+        this call takes the PyTorch path: not one token of one sequence with a KV cache, padding,
+        attention weights, training, autograd, compiling, ATTNLAB_FUSED_DECODE=0, or a model the step
+        does not run (FusedDecoder.build). Bound to the weights at the first step after setup_kv_cache().
         """
-        cfg = self.cfg
-        if (not self.caches or input_ids.shape != (1, 1) or need_weights or self.training
-                or torch.is_grad_enabled() or self._fused is False or not fused_decode_enabled()
-                or torch.compiler.is_compiling() or (attention_mask is not None and not bool(attention_mask.all()))):
+        if (not self.caches or input_ids.shape != (1, 1) or need_weights or self.training or self._fused is False
+                or torch.is_grad_enabled() or not fused_decode_enabled() or torch.compiler.is_compiling()
+                or (attention_mask is not None and not bool(attention_mask.all()))):
             return None
         if self._fused is None:
-            runs = (cfg.positions == "rope" and cfg.norm == "rmsnorm" and cfg.norm_position == "pre"
-                    and cfg.activation == "swiglu" and not cfg.n_experts
-                    and all(c.k.dtype == torch.float32 and c.k.device.type == "cpu" for c in self.caches))
-            self._fused = runs and FusedDecoder.build(embed=self.embed_tokens, layers=self.layers, norm=self.norm,
-                                                      lm_head=self.lm_head, rotary=self.rotary,
-                                                      window=cfg.sliding_window) or False
-            if not self._fused:
+            fused = None if self.cfg.positions != "rope" else FusedDecoder.build(
+                embed=self.embed_tokens, layers=self.layers, norm=self.norm, lm_head=self.lm_head,
+                rotary=self.rotary, window=self.cfg.sliding_window, caches=self.caches)
+            self._fused = False if fused is None else fused
+            if fused is None:
                 return None
         token = int(input_ids)
         position = self.caches[0].length if position_ids is None else int(position_ids)
-        if not 0 <= token < cfg.vocab_size or position < 0:
+        if not 0 <= token < self.cfg.vocab_size or position < 0:
             return None  # the PyTorch path: its own error for a bad token
         return self._fused.step(token, position, self.caches).view(1, 1, -1)
 

@@ -4,18 +4,17 @@
 // Shapes: D model dim, H query heads, K kv heads, Dh head dim, F FFN hidden size, V vocabulary,
 // L cache capacity; q (H·Dh), k, v (K·Dh); caches (1, K, L, Dh) fp32, written in place.
 // Per layer (models/gpt.py, nn/blocks.py with Pre-LN; every op in fp32):
-//   h = RMSNorm(x) · g_attn                    x / sqrt(mean(x²) + ε), then the gain (nn/norm.py;
-//                                              the mean square summed in PyTorch's order)
+//   h = RMSNorm(x) · g_attn                    x / sqrt(mean(x²) + ε), then the gain (nn/norm.py)
 //   [q | k | v] = W_qkv h (+ b)                decode_matvec.h: one pass over the threads
 //   q, k = RoPE(q), RoPE(k) at the position    x·cos + rotate_half(x)·sin, pairs (i, i + Dh/2)
 //   cache[slot] = k, v                         nn/kv_cache.py's layout: slot = length − start
 //   o = softmax(q kᵀ / √Dh) v over the visible slots first..slot (GQA: head h reads kv head h/(H/K))
 //   x = x + W_o o (+ b)
 //   h = RMSNorm(x) · g_ffn;  [g | u] = W_gu h;  x = x + W_down (SiLU(g) ⊙ u)
-// then logits (V,) = W_out (RMSNorm(x) · g_out). The element-wise ops round as PyTorch's (no FMA
-// contraction: built with -ffp-contract=off), RMSNorm's sum of squares adds in PyTorch's order and
-// the int8 products are QuantLinear's own code; the fp32 products and attention add in another
-// order, so results agree with the PyTorch path up to fp32 summation order.
+// then logits (V,) = W_out (RMSNorm(x) · g_out). RMSNorm, RoPE, SiLU and the residual sums round as
+// PyTorch's operations (decode_ops.h), the int8 products are QuantLinear's own code; the fp32
+// products and attention add in another order, so results agree with the PyTorch path up to fp32
+// summation order (and, quantized, bit for bit until attention over more than one position).
 // Threads: at::parallel_for around each matrix product (and attention heads when the context is long).
 // Source: llama.cpp's llm_build_llama graph and ggml-cpu's ops (rms_norm, rope_neox, soft_max,
 // swiglu) for the same algebra; Touvron et al. 2023 (LLaMA), Su et al. 2021 (RoPE).
@@ -28,152 +27,12 @@
 #include <vector>
 
 #include "decode_matvec.h"
+#include "decode_ops.h"
 
 namespace attnlab_decode {
 namespace {
 
 constexpr int64_t kParallelAttention = 1 << 16;  // H · S · Dh from which heads are split over threads
-constexpr int kSumLanes = 8;  // PyTorch's fp32 sum kernel runs 8-lane (AVX2) vectors, on AVX512 CPUs too
-
-inline __mmask16 tail_mask(int64_t n) { return (__mmask16)((1u << n) - 1); }
-
-inline float dot(const float* a, const float* b, int64_t n) {
-  __m512 acc = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
-  if (i < n) {
-    const __mmask16 k = tail_mask(n - i);
-    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, a + i), _mm512_maskz_loadu_ps(k, b + i), acc);
-  }
-  return _mm512_reduce_add_ps(acc);
-}
-
-// acc[0..4) (w lanes each) = PyTorch's multi_row_sum<4> of x²: `size` rows of 4 units of w floats
-// (ATen native/cpu/SumKernel.cpp: a 4-level cascade of accumulators, 2^power rows per level step)
-void multi_row_sum_sq(const float* x, int64_t size, int w, float out[4][16]) {
-  constexpr int levels = 4;
-  int64_t log2 = 0;
-  while ((int64_t(1) << log2) < size) ++log2;
-  const int64_t power = std::max<int64_t>(4, log2 / levels), step = int64_t(1) << power, mask = step - 1;
-  float acc[levels][4][16] = {};
-  auto add_row = [&](int64_t i) {
-    for (int k = 0; k < 4; ++k)
-      for (int l = 0; l < w; ++l) {
-        const float e = x[(i * 4 + k) * w + l];
-        acc[0][k][l] += e * e;  // pow(2), then the sum (no FMA: -ffp-contract=off)
-      }
-  };
-  int64_t i = 0;
-  while (i + step <= size) {
-    for (int64_t j = 0; j < step; ++j, ++i) add_row(i);
-    for (int j = 1; j < levels; ++j) {
-      for (int k = 0; k < 4; ++k)
-        for (int l = 0; l < w; ++l) acc[j][k][l] += acc[j - 1][k][l], acc[j - 1][k][l] = 0.0f;
-      if ((i & (mask << (j * power))) != 0) break;
-    }
-  }
-  for (; i < size; ++i) add_row(i);
-  for (int j = 1; j < levels; ++j)
-    for (int k = 0; k < 4; ++k)
-      for (int l = 0; l < w; ++l) acc[0][k][l] += acc[j][k][l];
-  std::copy(&acc[0][0][0], &acc[0][0][0] + 4 * 16, &out[0][0]);
-}
-
-// sum (w lanes) = PyTorch's row_sum of x² over `units` units of w floats (4 interleaved partial sums)
-void row_sum_sq(const float* x, int64_t units, int w, float sum[16]) {
-  float part[4][16];
-  const int64_t rows = units / 4;
-  multi_row_sum_sq(x, rows, w, part);
-  for (int64_t u = rows * 4; u < units; ++u)
-    for (int l = 0; l < w; ++l) part[0][l] += x[u * w + l] * x[u * w + l];
-  for (int k = 1; k < 4; ++k)
-    for (int l = 0; l < w; ++l) part[0][l] += part[k][l];
-  std::copy(part[0], part[0] + 16, sum);
-}
-
-// Σ x² over a contiguous fp32 row in the order of PyTorch's CPU sum with `lanes`-wide vectors
-// (cascade_sum → vectorized_inner_sum: the vector part, then the tail, then the lanes), so that
-// RMSNorm's mean square, hence the int8 grid of the activations that follow, is PyTorch's bit for bit
-// (exact ties of that grid are common after a quantized embedding; tests/nn/test_fused_decode.py).
-float torch_sum_squares(const float* x, int64_t n, int lanes = kSumLanes) {
-  float v[16];
-  if (n < lanes) {
-    row_sum_sq(x, n, 1, v);
-    return v[0];
-  }
-  const int64_t units = n / lanes;
-  row_sum_sq(x, units, lanes, v);
-  float total = 0.0f;
-  for (int64_t k = units * lanes; k < n; ++k) total += x[k] * x[k];
-  for (int l = 0; l < lanes; ++l) total += v[l];
-  return total;
-}
-
-// y = RMSNorm(x) · g = g · (x · (1 / sqrt(Σx² / n + eps))), nn/norm.py's operations in its order
-void rmsnorm(const float* x, const float* g, int64_t n, float eps, float* y) {
-  const float r = 1.0f / std::sqrt(torch_sum_squares(x, n) / (float)n + eps);
-  for (int64_t i = 0; i < n; ++i) y[i] = g[i] * (x[i] * r);
-}
-
-// heads (n, Dh) rotated in place: x·cos + rotate_half(x)·sin, rotate_half(x1, x2) = (−x2, x1)
-void rope(float* x, int64_t n, int64_t dh, const float* cos, const float* sin) {
-  const int64_t half = dh / 2;
-  for (int64_t h = 0; h < n; ++h) {
-    float* v = x + h * dh;
-    for (int64_t i = 0; i < half; ++i) {
-      const float x1 = v[i], x2 = v[i + half];
-      v[i] = x1 * cos[i] + -x2 * sin[i];
-      v[i + half] = x2 * cos[i + half] + x1 * sin[i + half];
-    }
-  }
-}
-
-// Sleef's 16-lane exp (max error 1 ulp): the one PyTorch's CPU kernels call (F.silu's exp), exported by
-// libtorch_cpu. Weak: with a torch build that does not export it, std::exp runs lane by lane instead.
-extern "C" __m512 Sleef_expf16_u10(__m512) __attribute__((weak));
-
-inline __m512 exp16(__m512 x) {
-  if (Sleef_expf16_u10 != nullptr) return Sleef_expf16_u10(x);
-  alignas(64) float t[16];
-  _mm512_store_ps(t, x);
-  for (float& v : t) v = std::exp(v);
-  return _mm512_load_ps(t);
-}
-
-inline __mmask16 lanes_from(int64_t i, int64_t n) { return n - i >= 16 ? (__mmask16)0xFFFF : tail_mask(n - i); }
-
-// y (n) = SiLU(g) · u with F.silu's operations: g / (1 + exp(−g)), then times u (bit for bit PyTorch's)
-void swiglu(const float* g, const float* u, int64_t n, float* y) {
-  const __m512 one = _mm512_set1_ps(1.0f), sign = _mm512_set1_ps(-0.0f);
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 k = lanes_from(i, n);
-    const __m512 gv = _mm512_maskz_loadu_ps(k, g + i);
-    const __m512 silu = _mm512_div_ps(gv, _mm512_add_ps(one, exp16(_mm512_xor_ps(gv, sign))));
-    _mm512_mask_storeu_ps(y + i, k, _mm512_mul_ps(silu, _mm512_maskz_loadu_ps(k, u + i)));
-  }
-}
-
-// out (Dh) = softmax(q · k_j / √Dh) v_j over the n slots from k, v (n, Dh); p: scratch (n)
-void attend_head(const float* q, const float* k, const float* v, int64_t n, int64_t dh, float* p, float* out) {
-  const float scale = 1.0f / std::sqrt((float)dh);
-  float mx = -INFINITY;
-  for (int64_t j = 0; j < n; ++j) mx = std::max(mx, p[j] = dot(q, k + j * dh, dh) * scale);
-  __m512 acc = _mm512_setzero_ps();
-  for (int64_t j = 0; j < n; j += 16) {
-    const __mmask16 m = lanes_from(j, n);
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, p + j), _mm512_set1_ps(mx)));
-    _mm512_mask_storeu_ps(p + j, m, e);
-    acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(m, e));
-  }
-  const float inv = 1.0f / _mm512_reduce_add_ps(acc);
-  for (int64_t i = 0; i < dh; i += 16) {
-    const __mmask16 m = lanes_from(i, dh);
-    __m512 o = _mm512_setzero_ps();
-    for (int64_t j = 0; j < n; ++j)
-      o = _mm512_fmadd_ps(_mm512_set1_ps(p[j] * inv), _mm512_maskz_loadu_ps(m, v + j * dh + i), o);
-    _mm512_mask_storeu_ps(out + i, m, o);
-  }
-}
 
 struct Layer {
   at::Tensor attn_norm, ffn_norm;  // (D,) fp32 gains

@@ -84,11 +84,12 @@ class FusedDecoder:
 
     @classmethod
     def build(cls, *, embed: nn.Module, layers: nn.ModuleList, norm: nn.Module, lm_head: nn.Module,
-              rotary: RotaryEmbedding, window: int | None) -> FusedDecoder | None:
+              rotary: RotaryEmbedding, window: int | None, caches: list[KVCache]) -> FusedDecoder | None:
         """Bind the plan to a stack, or return None where it cannot run it (the caller then keeps
         the PyTorch path): a module of another kind (LayerNorm, a MoE, GELU FFN, cross-attention,
         Post-LN), a weight that is not fp32 or block-quantized on CPU (bf16, another device), a
-        quantized row of an odd number of 32-blocks, or no C++ kernel here.
+        quantized row of an odd number of 32-blocks, caches that are not fp32 on CPU for one
+        sequence, or no C++ kernel here.
 
         Args:
             embed: the token embedding (V, D): nn.Embedding or QuantEmbedding.
@@ -96,8 +97,10 @@ class FusedDecoder:
             norm: the final RMSNorm. lm_head: the output projection (V, D), Linear or QuantLinear.
             rotary: the model's RotaryEmbedding (its cos/sin are the ones used).
             window: the sliding window W (attend to the W most recent positions), or None.
+            caches: the layers' KVCaches the steps will append to.
         """
-        if kernel() != "cpp" or not len(layers):
+        if kernel() != "cpp" or not len(layers) or any(
+                c.k.dtype != torch.float32 or c.k.device.type != "cpu" or c.k.shape[0] != 1 for c in caches):
             return None
         first = layers[0].self_attn if isinstance(layers[0], TransformerLayer) else None
         if not isinstance(first, MultiHeadAttention):

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from attnlab.nn.quant import BLOCK, QuantWeight, dequantize, quantize_activations
 
 SOURCES = [Path(__file__).with_name(n) for n in ("quant_kernel.cpp", "fused_decode.cpp")]
-HEADERS = [Path(__file__).with_name(n) for n in ("quant_kernel.h", "decode_matvec.h")]
+HEADERS = [Path(__file__).with_name(n) for n in ("quant_kernel.h", "decode_matvec.h", "decode_ops.h")]
 SCHEME_ID = {"q8_0": 0, "q4_0": 1, "q4_1": 2}
 # -ffp-contract=off: a · b + c rounds twice, as PyTorch's separate ops do (explicit FMA intrinsics stay FMA).
 # -fopenmp: at::parallel_for is an inline template that runs serially unless the extension itself is built
