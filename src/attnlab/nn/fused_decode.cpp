@@ -32,7 +32,7 @@
 namespace attnlab_decode {
 namespace {
 
-constexpr int64_t kParallelAttention = 1 << 16;  // H · S · Dh from which heads are split over threads
+constexpr int64_t kParallelAttention = 1 << 13;  // H · S · Dh from which heads are split over threads
 
 struct Layer {
   at::Tensor attn_norm, ffn_norm;  // (D,) fp32 gains
