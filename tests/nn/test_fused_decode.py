@@ -193,3 +193,20 @@ def test_overflow_and_bad_tokens_behave_as_the_pytorch_path(monkeypatch):
         model.setup_kv_cache(1, 3)
         with pytest.raises(IndexError):
             model(torch.tensor([[96]]))  # outside the vocabulary: nn.Embedding's error
+
+
+def test_an_all_ones_mask_takes_the_fused_step_and_padding_does_not(monkeypatch, counted):
+    model = tiny()
+    with torch.no_grad():
+        for fused in (True, False):
+            monkeypatch.setenv(ENV, "1" if fused else "0")
+            model.setup_kv_cache(1, 8)
+            model(torch.tensor([[1, 2, 3]]))
+            out = model(torch.tensor([[4]]), torch.ones(1, 4, dtype=torch.bool), torch.tensor([[3]])).logits
+            padded = model(torch.tensor([[5]]), torch.tensor([[False, True, True, True, True]]),
+                           torch.tensor([[3]])).logits  # a masked-out first position: the PyTorch path
+            if fused:
+                assert counted["n"] == 1
+                fused_out, fused_padded = out, padded
+    assert_close(fused_out, out)
+    assert_close(fused_padded, padded)

@@ -75,8 +75,8 @@ class DecodePlan : public torch::CustomClassHolder {
       TORCH_CHECK(l.d.dim() == 2 && l.d.scalar_type() == at::kHalf && l.d.is_contiguous() && l.d.size(1) % 2 == 0,
                   "d must be a contiguous (O, NB) float16 tensor with NB even");
       l.out = l.d.size(0), l.in = l.d.size(1) * QK;
-      TORCH_CHECK(l.qs.is_contiguous() && l.qs.numel() == l.out * (kind == Q8_0 ? l.in : l.in / 2),
-                  "qs does not match d");
+      TORCH_CHECK(l.qs.is_contiguous() && l.qs.element_size() == 1 && l.qs.is_cpu() &&
+                  l.qs.numel() == l.out * (kind == Q8_0 ? l.in : l.in / 2), "qs does not match d");
       l.qsp = (const uint8_t*)l.qs.data_ptr(), l.dp = l.d.data_ptr<at::Half>();
       if (kind == Q4_1) {
         l.m = tensors[2];
