@@ -12,8 +12,11 @@ def test_math_memory_slope_is_two_and_sdpa_is_not_quadratic():
     math_bytes, sdpa_bytes = memory["math"], memory["sdpa"]
     r = complexity.ComplexityResult(4, 32, lengths, {}, memory)
     assert r.slope(math_bytes) == pytest.approx(2.0, abs=0.15)
-    assert math_bytes[-1] >= 4 * 1024 * 1024 * 4  # at least one (H, T, T) fp32 score tensor
-    assert r.slope(sdpa_bytes) < 1.5
+    scores = 4 * 1024 * 1024 * 4  # one (H, T, T) fp32 score tensor at T = 1024
+    assert math_bytes[-1] >= scores
+    # SDPA never holds the scores: its peak stays below an eighth of them. (Not its slope: its
+    # readings are small, ~0.1-1 MB, and page reuse makes one of them now and then near 0.)
+    assert max(sdpa_bytes) < scores / 8
 
 
 def test_slope_is_the_log_log_fit():
