@@ -87,6 +87,14 @@ class _Distributed(OneProcess):
         names = {id(p): n for n, p in self.model.named_parameters()}
         return ["model." + names[id(p)] for g in self.optimizer.param_groups for p in g["params"]]
 
+    def _renamed(self, state: dict, by_name: bool) -> dict:
+        """An optimizer state dict keyed by parameter index (torch's) -> keyed by name (DCP's full
+        state dicts), or back with by_name=False."""
+        order = self._order()
+        key = (lambda i: order[i]) if by_name else {n: i for i, n in enumerate(order)}.__getitem__
+        return {"state": {key(k): v for k, v in state["state"].items()},
+                "param_groups": [{**g, "params": [key(k) for k in g["params"]]} for g in state["param_groups"]]}
+
     def scatter(self) -> None:
         """Load every process's model and optimizer from rank 0's plain ones (read from a checkpoint
         by rank 0 alone), broadcast from rank 0 (torch.distributed.checkpoint.state_dict); for FSDP
@@ -99,9 +107,7 @@ class _Distributed(OneProcess):
             # a tied parameter fails on a tensor the first one already made a DTensor.
             weights = {"model." + n: t.detach().clone()
                        for n, t in [*self.model.named_parameters(), *self.model.named_buffers()]}
-            plain, order = self.optimizer.state_dict(), self._order()
-            full = {"state": {order[i]: s for i, s in plain["state"].items()},
-                    "param_groups": [{**g, "params": [order[i] for i in g["params"]]} for g in plain["param_groups"]]}
+            full = self._renamed(self.optimizer.state_dict(), by_name=True)
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
         set_model_state_dict(self.train_module, weights, options=options)
         set_optimizer_state_dict(self.train_module, self.step_optimizer, full,
@@ -247,11 +253,7 @@ class FSDP(_Distributed):
         if optimizer and not self._current["optimizer"]:
             full = get_optimizer_state_dict(self.module, self.step_optimizer, options=options)
             if self.world.is_main:
-                index = {name: i for i, name in enumerate(self._order())}
-                groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [index[n] for n in g["params"]]}
-                          for g in full["param_groups"]]
-                self.optimizer.load_state_dict({"state": {index[n]: s for n, s in full["state"].items()},
-                                                "param_groups": groups})
+                self.optimizer.load_state_dict(self._renamed(full, by_name=False))
             self._current["optimizer"] = True
 
     def release(self) -> None:
