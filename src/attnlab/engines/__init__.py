@@ -1,0 +1,6 @@
+"""Decode engines: how a causal LM's tokens are computed at inference, below the model.
+
+A model's forward() is the reference; an engine binds a loaded model to a fast path (the fused C++
+step, batched per-sequence KV caches) and is tested equal to the reference. generate() and the
+server (serve/) choose an engine; the model never decides. base.py states the contract.
+"""
