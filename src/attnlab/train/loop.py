@@ -153,8 +153,11 @@ class Trainer:
         return cfg.minutes is None or distributed.from_main(self.elapsed() < cfg.minutes * 60)
 
     def _evaluate(self, **extra) -> dict:
-        """Validate, log the record (with `extra` fields) and keep the weights if they are the best.
-        Rank 0 evaluates the plain model once and writes; the others receive its numbers."""
+        """Validate, log the record (with `extra` fields and "eval_s", the seconds it took) and keep
+        the weights if they are the best. Rank 0 evaluates the plain model once and writes; the
+        others receive its numbers. The seconds add up in state["spent_s"] ("average" for the
+        averaged weights' evaluation, else "evaluate")."""
+        t0 = time.perf_counter()
         self.strategy.gather()
         metrics = None
         if self.main:
@@ -171,8 +174,10 @@ class Trainer:
             if self.main:
                 save_weights(self.model, self.out / "model.safetensors")
             s["best"], s["best_step"] = value, s["step"]
+        seconds = time.perf_counter() - t0
+        s["spent_s"]["average" if "averaged" in extra else "evaluate"] += seconds
         record = {"step": s["step"], "epoch": s["epoch"], "elapsed_s": round(self.elapsed(), 1), **metrics,
-                  **extra, "best": s["best"]}
+                  **extra, "best": s["best"], "eval_s": round(seconds, 2)}
         self.log(record)
         s["last_eval"] = record
         return record
@@ -318,6 +323,17 @@ class Trainer:
         return distributed.any_true(self.signals.signum is not None)
 
     def _save(self, snapshot: bool = False) -> None:
+        """Write a checkpoint; its seconds are counted in state["spent_s"]["checkpoint"] from the next
+        checkpoint on (a checkpoint cannot hold its own duration) and in elapsed_s."""
+        t0 = time.perf_counter()
         self.state["elapsed_s"] = self.elapsed()
-        self._clock = time.perf_counter()
+        self._clock = t0
         self.checkpoint(snapshot)
+        self.state["spent_s"]["checkpoint"] += time.perf_counter() - t0
+
+    def time_spent(self) -> dict:
+        """Where the training seconds (elapsed_s) went: "train_steps" (the optimizer steps, data and
+        logging included), "evaluate" (validations), "checkpoint" (writing checkpoints and
+        snapshots), "average" (evaluating the average of the last snapshots)."""
+        spent = {k: round(v, 1) for k, v in self.state["spent_s"].items()}
+        return {"train_steps": round(self.elapsed() - sum(self.state["spent_s"].values()), 1), **spent}

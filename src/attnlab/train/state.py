@@ -4,6 +4,8 @@ its validation on load — types and ranges, one line naming the file and the fi
 Fields:
     step, epoch, position   optimizer steps done; the data epoch and the next batch's index in it
     elapsed_s, tokens       training seconds and counted tokens (or sentences, images) so far
+    spent_s                 of elapsed_s, the seconds of {"evaluate", "checkpoint", "average"} (the rest
+                            is optimizer steps); older checkpoints start them at 0
     best, best_step         the best validation metric and its step (None before the first evaluation);
                             the checkpoint's best.safetensors holds those weights
     last_eval               the last evaluation record (None before the first)
@@ -24,7 +26,8 @@ END_STAGES = (None, "evaluated", "done")
 def new_state() -> dict:
     """The state of a run before its first step."""
     return {"step": 0, "epoch": 0, "position": 0, "elapsed_s": 0.0, "tokens": 0, "best": None, "best_step": None,
-            "last_eval": None, "snapshots": [], "metrics_bytes": 0, "end": None}
+            "last_eval": None, "snapshots": [], "metrics_bytes": 0, "end": None,
+            "spent_s": {"evaluate": 0.0, "checkpoint": 0.0, "average": 0.0}}
 
 
 def _is_int(v) -> bool:
@@ -70,6 +73,10 @@ def validate_state(state: dict, path: Path) -> dict:
            f"a list of increasing steps in 0..{step}", snaps)
     size = state.get("metrics_bytes")
     _check(size is None or (_is_int(size) and size >= 0), path, "metrics_bytes", "an int >= 0", size)
+    spent = state.get("spent_s", new_state()["spent_s"])
+    _check(isinstance(spent, dict) and set(spent) == set(new_state()["spent_s"])
+           and all(_is_number(v) and v >= 0 for v in spent.values()), path, "spent_s",
+           'an object of "evaluate", "checkpoint", "average" seconds >= 0', spent)
     if "end" not in state:  # a checkpoint from before the end-of-run stages were recorded
         state["end"] = "done" if last is not None and last["step"] == step else None
     _check(state["end"] in END_STAGES, path, "end", f"one of {END_STAGES}", state["end"])

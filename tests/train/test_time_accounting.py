@@ -1,0 +1,40 @@
+"""Where a run's seconds go: the loop counts evaluations, checkpoints and the average's evaluation
+apart from the optimizer steps (Trainer.time_spent), in the final record and in metrics.jsonl."""
+import json
+import time
+
+import pytest
+
+from attnlab.tasks.registry import get_task
+from attnlab.tasks.translation import TranslationObjective
+from attnlab.train import loop
+from tests.conftest import tiny_recipe
+
+
+def test_evaluations_and_checkpoints_are_counted_apart_from_the_steps(tiny_multi30k, tmp_path, monkeypatch):
+    evaluate, save = TranslationObjective.evaluate, loop.save_training_state
+
+    def slow_evaluate(self, model):
+        time.sleep(0.3)
+        return evaluate(self, model)
+
+    def slow_save(*args, **kwargs):
+        time.sleep(0.1)
+        return save(*args, **kwargs)
+
+    monkeypatch.setattr(TranslationObjective, "evaluate", slow_evaluate)
+    monkeypatch.setattr(loop, "save_training_state", slow_save)
+    result = get_task("seq2seq").train(tiny_recipe(8), tmp_path / "run")  # evaluations at 4, 8; average
+    spent = result["time_s"]
+    assert set(spent) == {"train_steps", "evaluate", "checkpoint", "average"}
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in records if "val_bleu" in r]
+    assert [r["step"] for r in evals] == [4, 8, 8] and "averaged" in evals[-1]
+    assert all(r["eval_s"] >= 0.3 for r in evals)
+    assert spent["evaluate"] == pytest.approx(sum(r["eval_s"] for r in evals[:2]), abs=0.1)
+    assert spent["average"] == pytest.approx(evals[-1]["eval_s"], abs=0.1)
+    assert spent["checkpoint"] >= 7 * 0.1  # steps 0, 2, 4, 6, 8; after the final evaluation; at the end
+    state = json.loads((tmp_path / "run" / "checkpoint" / "state.json").read_text())
+    # state.json was written before its own checkpoint's seconds were known (at most one more 0.1 s)
+    assert state["elapsed_s"] <= sum(spent.values()) <= state["elapsed_s"] + 0.5
+    assert spent["train_steps"] > 0
