@@ -21,7 +21,6 @@ signal, the time budget, an evaluation's result, a non-finite loss) is taken onc
 """
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import logging
@@ -43,6 +42,7 @@ from attnlab.train.guards import StopSignals, TrainingInterrupted, check_finite_
 from attnlab.train.optim import build_optimizer, cosine_lr, noam_lr, set_lr
 from attnlab.train.parallel import OneProcess
 from attnlab.train.run_dir import CHECKPOINT_DIR, align_with_checkpoint, take_snapshot
+from attnlab.train.speed import autocast_context, compile_for_training, eager
 from attnlab.train.state import new_state
 
 log = logging.getLogger("attnlab")
@@ -60,16 +60,10 @@ def learning_rate(cfg: TrainConfig, step: int, d_model: int) -> float:
     return cfg.lr * min(1.0, step / cfg.warmup_steps)
 
 
-def autocast_context(kind: str):
-    """bf16 autocast on the CPU (kind "bf16") or nothing (kind "none")."""
-    if kind == "bf16":
-        return torch.autocast("cpu", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
 def optimizer_factory(cfg: TrainConfig):
     """model -> the optimizer of cfg for it (its learning rate is set at each step)."""
-    return lambda model: build_optimizer(model, 0.0, (cfg.beta1, cfg.beta2), cfg.eps, cfg.weight_decay)
+    return lambda model: build_optimizer(model, 0.0, (cfg.beta1, cfg.beta2), cfg.eps, cfg.weight_decay,
+                                         cfg.optimizer_impl)
 
 
 class Trainer:
@@ -85,6 +79,7 @@ class Trainer:
 
     def __init__(self, model: torch.nn.Module, task, cfg: TrainConfig, out: Path, d_model: int, strategy=None):
         self.task, self.cfg, self.out, self.d_model = task, cfg, Path(out), d_model
+        compile_for_training(model, cfg.compile)
         self.strategy = strategy or OneProcess(model, task, optimizer_factory(cfg))
         self.model = self.strategy.model          # the plain model: evaluated and saved
         self.optimizer = self.strategy.optimizer  # its optimizer: saved in checkpoints
@@ -162,7 +157,7 @@ class Trainer:
         metrics = None
         if self.main:
             self.model.eval()
-            with torch.no_grad(), autocast_context(self.cfg.autocast):
+            with torch.no_grad(), autocast_context(self.cfg.autocast), eager():
                 metrics = self.task.evaluate(self.model)
             self.model.train()
         metrics = distributed.from_main(metrics)
@@ -227,11 +222,10 @@ class Trainer:
             self._diverged(total)
         n_tokens = int(n_tokens)
         scale = 1.0 / max(n_tokens, 1)
-        for p in module.parameters():
-            if p.grad is not None:
-                p.grad.mul_(scale)
+        grads = [p.grad for p in module.parameters() if p.grad is not None]
+        torch._foreach_mul_(grads, scale)  # one call for every gradient
         if cfg.clip_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(module.parameters(), cfg.clip_grad_norm)
+            torch.nn.utils.clip_grad_norm_(module.parameters(), cfg.clip_grad_norm, foreach=True)
         optimizer.step()
         check_finite_weights(module, s["step"] + 1, agree=lambda ok: not distributed.any_true(not ok))
         s["step"] += 1

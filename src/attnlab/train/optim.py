@@ -59,19 +59,33 @@ def cosine_lr(step: int, lr: float, min_lr: float, warmup_steps: int, decay_step
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (lr - min_lr)
 
 
+OPTIMIZER_IMPLS = ("for-loop", "foreach", "fused")
+
+
 def build_optimizer(model: nn.Module, lr: float, betas: tuple[float, float], eps: float,
-                    weight_decay: float = 0.0) -> torch.optim.Optimizer:
+                    weight_decay: float = 0.0, impl: str = "foreach") -> torch.optim.Optimizer:
     """Adam (weight_decay 0, the paper's) or AdamW in two groups: decay on every matrix (linear
     weights and embeddings), none on biases, norm gains and parameters marked `_no_weight_decay`
     (Mamba's A_log and D, as its reference code) (Loshchilov & Hutter 2019; the grouping of
-    GPT-2/nanoGPT)."""
+    GPT-2/nanoGPT).
+
+    Args:
+        impl: torch's implementation of the update: "for-loop" (one op per parameter: torch's
+            default on the CPU), "foreach" (multi-tensor ops: the same numbers, fewer calls) or
+            "fused" (one kernel per step: the same maths, rounded differently, ~1 ulp).
+    Raises:
+        ValueError: for an unknown impl.
+    """
+    if impl not in OPTIMIZER_IMPLS:
+        raise ValueError(f"optimizer_impl must be one of {', '.join(OPTIMIZER_IMPLS)}, got {impl!r}")
+    kind = {"for-loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}[impl]
     if weight_decay == 0:
-        return torch.optim.Adam(model.parameters(), lr=lr, betas=betas, eps=eps)
+        return torch.optim.Adam(model.parameters(), lr=lr, betas=betas, eps=eps, **kind)
     decay, no_decay = [], []
     for p in model.parameters():
         (decay if p.dim() >= 2 and not getattr(p, "_no_weight_decay", False) else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps)
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, **kind)
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
