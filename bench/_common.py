@@ -10,23 +10,6 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 
 
-FLAGS = ("avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")  # those that matter here
-
-
-def host_info() -> dict:
-    """This machine as lscpu names it: {"cpu": model name, "flags": those of FLAGS it has, "cpus":
-    logical CPUs}; "unknown" where lscpu is missing."""
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return {"cpu": "unknown", "flags": [], "cpus": None}
-    fields = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
-    fields = {k.strip(): v.strip() for k, v in fields.items()}
-    flags = set(fields.get("Flags", "").split())
-    return {"cpu": fields.get("Model name", "unknown"), "flags": [f for f in FLAGS if f in flags],
-            "cpus": int(fields["CPU(s)"]) if fields.get("CPU(s)", "").isdigit() else None}
-
-
 def machine_peaks() -> dict:
     """This machine's measured fp32 matmul GFLOP/s and memory bandwidth (../shared/tools), or {}."""
     tool = SHARED / "tools" / "machine_peaks.py"

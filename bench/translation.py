@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 import torch
-from _common import host_info, machine_peaks, save_figure
+from _common import lscpu, machine_peaks, save_figure
 from _translation_peer import finish_peer, start_peer
 
 from attnlab.data.translation import ParallelCorpus, read_parallel, token_batches
@@ -117,7 +117,7 @@ def main() -> None:
     result = {"bench": "translation", "recipe": "multi30k-en-de", "minutes": args.minutes, "overrides": args.set,
               "mode": "concurrent: ours and the peer at the same time, 1 thread and 1 CPU each" if args.concurrent
               else "sequential: ours, then the peer, each with the machine's threads",
-              "host": host_info(), "machine": peaks, "threads": torch.get_num_threads(), "runs": []}
+              "host": lscpu(), "machine": peaks, "threads": torch.get_num_threads(), "runs": []}
     for minutes in args.minutes:
         out = Path(args.out) if len(args.minutes) == 1 else Path(f"{args.out}-{minutes:g}min")
         recipe = get_recipe("multi30k-en-de").with_overrides(args.set + [f"minutes={minutes}", "max_steps=none"])

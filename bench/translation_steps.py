@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import torch
-from _common import host_info
+from _common import lscpu
 
 from attnlab.recipes import get_recipe
 from attnlab.tasks.base import RunSpec
@@ -63,7 +63,7 @@ def main() -> None:
          "tgt_tokens_per_step": round(tok / args.steps, 1), "ratio_tokens_per_s": round(r / rates[0], 3),
          "parameters": t.model.num_parameters()}
         for name, r, s, tok, (t, _) in zip(names, rates, spent, tokens, built)],
-        "threads": torch.get_num_threads(), "host": host_info()}
+        "threads": torch.get_num_threads(), "host": lscpu()}
     print(json.dumps(result))
 
 

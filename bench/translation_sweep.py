@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import torch
-from _common import host_info
+from _common import lscpu
 
 from attnlab.data.translation import ParallelCorpus, read_parallel, token_batches
 from attnlab.recipes import get_recipe
@@ -73,7 +73,7 @@ def main() -> None:
         "val_bleu_curve": [[r["step"], r["val_bleu"]] for r in evals if "averaged" not in r],
         "val_bleu_averaged": averaged[-1]["val_bleu"] if averaged else None,
         "time_s": summary["time_s"], "wall_s": round(wall, 1), "threads": torch.get_num_threads(),
-        "host": host_info()["cpu"],
+        "host": lscpu().get("model_name", "unknown"),
     }
     state = json.loads((out / "checkpoint" / "state.json").read_text())
     result["target_tokens"] = state["tokens"]
