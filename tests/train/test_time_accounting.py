@@ -38,3 +38,17 @@ def test_evaluations_and_checkpoints_are_counted_apart_from_the_steps(tiny_multi
     # state.json was written before its own checkpoint's seconds were known (at most one more 0.1 s)
     assert state["elapsed_s"] <= sum(spent.values()) <= state["elapsed_s"] + 0.5
     assert spent["train_steps"] > 0
+
+
+def test_cosine_over_a_minutes_budget_reaches_its_floor_as_the_budget_runs_out(tiny_multi30k, tmp_path, monkeypatch):
+    """Each step "takes" 6 s of a 1-minute budget: 10 steps, and step n's learning rate is the
+    cosine at the fraction (n − 1) / 10 of the budget spent before it."""
+    from attnlab.train.optim import budget_cosine_lr
+    monkeypatch.setattr(loop.Trainer, "elapsed", lambda self: self.state["step"] * 6.0)
+    recipe = tiny_recipe(1, ["max_steps=none", "minutes=1", "lr_schedule=cosine", "lr=1e-3", "min_lr=1e-5",
+                             "warmup_steps=3", "eval_every=100"])
+    result = get_task("seq2seq").train(recipe, tmp_path / "run")
+    assert result["steps"] == 10
+    logged = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    lrs = {r["step"]: r["lr"] for r in logged if "lr" in r}
+    assert lrs == {n: pytest.approx(budget_cosine_lr(n, (n - 1) / 10, 1e-3, 1e-5, 3)) for n in range(1, 11)}

@@ -19,7 +19,8 @@ class TrainConfig(Config):
     lr: float = 5e-4                  # peak learning rate of the cosine and constant schedules
     min_lr: float = 0.0               # cosine: the learning rate after lr_decay_steps
     lr_decay_steps: Optional[int] = None  # cosine: the last step of the decay (min_lr comes one step after;
-                                      # None = max_steps)
+                                      # None = max_steps; with neither, the decay follows the time spent
+                                      # and reaches min_lr as the minutes budget runs out)
     warmup_steps: int = 4000          # linear warm-up steps (paper: 4000)
     grad_accum_steps: int = 1         # micro-batches whose gradients add up to one optimizer step
     beta1: float = 0.9                # Adam β1 (paper §5.3)

@@ -39,7 +39,7 @@ from attnlab.train.checkpoint import load_training_state, save_training_state, s
 from attnlab.train.config import TrainConfig
 from attnlab.train.end_of_run import finish
 from attnlab.train.guards import StopSignals, TrainingInterrupted, check_finite_weights
-from attnlab.train.optim import build_optimizer, cosine_lr, noam_lr, set_lr
+from attnlab.train.optim import budget_cosine_lr, build_optimizer, cosine_lr, noam_lr, set_lr
 from attnlab.train.parallel import OneProcess
 from attnlab.train.run_dir import CHECKPOINT_DIR, align_with_checkpoint, take_snapshot
 from attnlab.train.speed import autocast_context, compile_for_training, eager
@@ -48,15 +48,33 @@ from attnlab.train.state import new_state
 log = logging.getLogger("attnlab")
 
 
-def learning_rate(cfg: TrainConfig, step: int, d_model: int) -> float:
-    """The learning rate of (1-based) `step` under cfg's schedule."""
+def decays_over_minutes(cfg: TrainConfig) -> bool:
+    """Whether cfg's learning rate follows the time spent: a cosine schedule with no step horizon
+    (lr_decay_steps, max_steps) and a minutes budget."""
+    return cfg.lr_schedule == "cosine" and cfg.lr_decay_steps is None and cfg.max_steps is None \
+        and cfg.minutes is not None
+
+
+def learning_rate(cfg: TrainConfig, step: int, d_model: int, budget_fraction: float | None = None) -> float:
+    """The learning rate of (1-based) `step` under cfg's schedule; budget_fraction is the part of
+    the minutes budget spent, which a cosine schedule with no step horizon decays over
+    (decays_over_minutes; optim.budget_cosine_lr).
+
+    Raises:
+        ValueError: for a cosine schedule with no horizon (lr_decay_steps, max_steps, minutes), or
+            one that decays over minutes when budget_fraction is not given.
+    """
     if cfg.lr_schedule == "noam":
         return noam_lr(step, d_model, cfg.warmup_steps, cfg.lr_factor)
     if cfg.lr_schedule == "cosine":
         decay_steps = cfg.lr_decay_steps or cfg.max_steps
-        if decay_steps is None:
-            raise ValueError("lr_schedule 'cosine' needs lr_decay_steps or a step budget (--steps)")
-        return cosine_lr(step, cfg.lr, cfg.min_lr, cfg.warmup_steps, decay_steps)
+        if decay_steps is not None:
+            return cosine_lr(step, cfg.lr, cfg.min_lr, cfg.warmup_steps, decay_steps)
+        if cfg.minutes is None:
+            raise ValueError("lr_schedule 'cosine' needs lr_decay_steps or a budget (--steps or --minutes)")
+        if budget_fraction is None:
+            raise ValueError("lr_schedule 'cosine' over a minutes budget needs the fraction of it spent")
+        return budget_cosine_lr(step, budget_fraction, cfg.lr, cfg.min_lr, cfg.warmup_steps)
     return cfg.lr * min(1.0, step / cfg.warmup_steps)
 
 
@@ -201,7 +219,10 @@ class Trainer:
         """
         s, cfg, strategy = self.state, self.cfg, self.strategy
         optimizer, module = strategy.step_optimizer, strategy.train_module
-        lr = learning_rate(cfg, s["step"] + 1, self.d_model)
+        fraction = None
+        if decays_over_minutes(cfg):  # the same for every process: rank 0's clock
+            fraction = distributed.from_main(self.elapsed() / (cfg.minutes * 60))
+        lr = learning_rate(cfg, s["step"] + 1, self.d_model, fraction)
         set_lr(optimizer, lr)
         optimizer.zero_grad(set_to_none=True)
         strategy.release()  # the trained state changes: FSDP's rank 0 drops its full copy
