@@ -70,12 +70,13 @@ def budget_record(minutes: float, summary: dict, records: list[dict]) -> dict:
                             for r in records if "val_bleu" in r and "eval_s" in r]}
 
 
-def run_ours(recipe, out: Path, resume: bool) -> dict:
-    """Train `recipe` into `out`, then test BLEU with beam 4 and greedy: the bench's record of ours."""
+def run_ours(recipe, out: Path, resume: bool, limit: int | None = None) -> dict:
+    """Train `recipe` into `out`, then test BLEU with beam 4 and greedy (on the first `limit` test
+    sentences when given): the bench's record of ours."""
     task = get_task("seq2seq")
     summary = task.train(recipe, out, resume=resume)
-    beam = task.evaluate(out, "test", beam=4)
-    greedy = task.evaluate(out, "test", beam=1)
+    beam = task.evaluate(out, "test", limit, beam=4)
+    greedy = task.evaluate(out, "test", limit, beam=1)
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     curve = [[r["elapsed_s"], r["val_bleu"]] for r in records if "val_bleu" in r and "averaged" not in r]
     averaged = [r["val_bleu"] for r in records if "averaged" in r]
@@ -104,6 +105,7 @@ def main() -> None:
     ap.add_argument("--concurrent", action="store_true", help="ours and the peer at once, one thread and CPU each")
     ap.add_argument("--plot", help="write the BLEU-vs-time curves to this PNG")
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--limit", type=int, help="score only the first N test sentences (a quick check of the bench)")
     args = ap.parse_args()
     if args.concurrent and not args.peer:
         ap.error("--concurrent needs --peer")
@@ -115,6 +117,7 @@ def main() -> None:
         torch.set_num_threads(1)
         os.sched_setaffinity(0, {cpus[0]})
     result = {"bench": "translation", "recipe": "multi30k-en-de", "minutes": args.minutes, "overrides": args.set,
+              "test_sentences": args.limit or "all",
               "mode": "concurrent: ours and the peer at the same time, 1 thread and 1 CPU each" if args.concurrent
               else "sequential: ours, then the peer, each with the machine's threads",
               "host": lscpu(), "machine": peaks, "threads": torch.get_num_threads(), "runs": []}
@@ -122,7 +125,7 @@ def main() -> None:
         out = Path(args.out) if len(args.minutes) == 1 else Path(f"{args.out}-{minutes:g}min")
         recipe = get_recipe("multi30k-en-de").with_overrides(args.set + [f"minutes={minutes}", "max_steps=none"])
         peer_proc = start_peer(minutes, threads=1, cpus={cpus[1]}) if args.concurrent else None
-        run = {"minutes": minutes, "ours": run_ours(recipe, out, args.resume)}
+        run = {"minutes": minutes, "ours": run_ours(recipe, out, args.resume, args.limit)}
         if peaks:
             run["ours"]["fraction_of_fp32_matmul_peak"] = round(
                 run["ours"]["train_gflops"] / peaks["fp32_matmul_gflops"] * (2 if args.concurrent else 1), 3)

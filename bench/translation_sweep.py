@@ -10,7 +10,11 @@ validation split (1,014 sentences) with greedy decoding (and beam 4 with --beam)
 line per candidate to --jsonl and prints it.
 
     python bench/translation_sweep.py --name noam-bt3000 [--set key=value ...] [--target-tokens 1.02e6]
-        [--steps N] [--beam] [--jsonl bench/results/translation_sweep.jsonl]
+        [--steps N] [--beam] [--averages] [--jsonl bench/results/translation_sweep.jsonl]
+
+--averages also scores (greedy, whole validation split) the trained weights and the average of the
+last k snapshots for k = 2 .. average_last, from the snapshots the run kept; --evaluate-only
+scores an existing run directory again instead of training it.
 """
 from __future__ import annotations
 
@@ -27,7 +31,9 @@ from attnlab.data.translation import ParallelCorpus, read_parallel, token_batche
 from attnlab.recipes import get_recipe
 from attnlab.seeding import mix_seed
 from attnlab.tasks.registry import get_task
-from attnlab.tasks.translation import SPECIAL_TOKENS
+from attnlab.tasks.translation import SPECIAL_TOKENS, TranslationDataConfig, corpus_bleu, translate
+from attnlab.train.end_of_run import average_snapshots
+from attnlab.train.run_dir import snapshot_path, snapshot_steps
 from attnlab.tokenizers import ByteLevelBPE
 
 
@@ -43,6 +49,22 @@ def steps_for_tokens(recipe, target_tokens: float) -> tuple[int, float]:
     return max(1, math.ceil(target_tokens / per_step)), per_step
 
 
+def average_scores(out: Path) -> dict:
+    """Validation BLEU (greedy, all sentences) of the run's last weights and of the average of its last
+    k snapshots, k = 2 .. all it kept: {"last": bleu, "2": bleu, ...}."""
+    task = get_task("seq2seq")
+    run = task.load(out)
+    steps = snapshot_steps(out)
+    data = TranslationDataConfig.from_dict(run.config["data"])
+    src, refs = read_parallel(data.dataset, "val", data.src_lang, data.tgt_lang)
+    scores = {}
+    for k in range(1, len(steps) + 1):
+        average_snapshots(run.model, [snapshot_path(out, s) for s in steps[-k:]])
+        hyps = translate(run.model, run.tokenizer, src, beam_size=1)
+        scores["last" if k == 1 else str(k)] = round(corpus_bleu(hyps, refs), 2)
+    return scores
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--name", required=True, help="the candidate's name (its run directory under --runs)")
@@ -50,6 +72,8 @@ def main() -> None:
     ap.add_argument("--target-tokens", type=float, default=1.02e6)
     ap.add_argument("--steps", type=int, help="a step budget instead of --target-tokens")
     ap.add_argument("--beam", action="store_true", help="also validation BLEU with beam 4")
+    ap.add_argument("--averages", action="store_true", help="also the averages of the last k snapshots")
+    ap.add_argument("--evaluate-only", action="store_true", help="score the existing run directory")
     ap.add_argument("--runs", default="runs/sweep")
     ap.add_argument("--jsonl", default="bench/results/translation_sweep.jsonl")
     args = ap.parse_args()
@@ -59,7 +83,7 @@ def main() -> None:
     out = Path(args.runs) / args.name
     task = get_task("seq2seq")
     t0 = time.perf_counter()
-    summary = task.train(recipe, out)
+    summary = task.train(recipe, out, resume=args.evaluate_only)
     wall = time.perf_counter() - t0
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in records if "val_bleu" in r]
@@ -82,6 +106,8 @@ def main() -> None:
         result["budget_target_tokens"] = args.target_tokens
     if args.beam:
         result["val_bleu_beam4_full"] = task.evaluate(out, "val", beam=4)["bleu"]
+    if args.averages:
+        result["val_bleu_greedy_full_by_average"] = average_scores(out)
     line = json.dumps(result)
     with open(args.jsonl, "a", encoding="utf-8") as f:
         f.write(line + "\n")
