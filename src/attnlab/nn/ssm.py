@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import torch
 
+from attnlab.nn import quant_kernel  # the one C++ extension, built at first use
+
 
 def _check(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
            h0: torch.Tensor | None) -> None:
@@ -149,19 +151,84 @@ class _SelectiveScan(torch.autograd.Function):
         return g_drive * dt, torch.addcmul(g_dtA, g_drive, x), g_At.sum(0), g_B, g_C, g_h
 
 
+class _ScanKernel(torch.autograd.Function):
+    """y, h_T = scan(x, Δ, Aᵀ, B, C, h0) by the C++ kernels (ssm_scan.cpp): x, Δ (B, T, Di); Aᵀ (N, Di);
+    B, C (B, T, N); h0 (B, N, Di) or None. The backward recomputes the states from h0 (nothing of
+    size T · N · Di is kept) and runs the adjoint recurrence of _SelectiveScan; the kernel returns
+    ∂A, ∂B and ∂C as partial sums (per sequence, per block of 16 channels) that are added here."""
+
+    @staticmethod
+    def forward(ctx, x, dt, At, B, C, h0):
+        y, last = torch.ops.attnlab_ssm.scan_forward(x, dt, At, B, C, h0)
+        ctx.save_for_backward(x, dt, At, B, C, h0)
+        return y, last
+
+    @staticmethod
+    def backward(ctx, g_y, g_last):
+        x, dt, At, B, C, h0 = ctx.saved_tensors
+        g_last = None if g_last is None else g_last.contiguous()
+        gx, gdt, gA, gB, gC, gh0 = torch.ops.attnlab_ssm.scan_backward(x, dt, At, B, C, h0, g_y.contiguous(), g_last)
+        return gx, gdt, gA.sum(0), gB.sum(0), gC.sum(0), None if h0 is None else gh0
+
+
+def _fake_forward(x, dt, At, B, C, h0):
+    return torch.empty_like(x), x.new_empty(x.shape[0], At.shape[0], x.shape[2])
+
+
+def _fake_backward(x, dt, At, B, C, h0, g_y, g_last):
+    b, t, di = x.shape
+    n, blocks = At.shape[0], -(-di // 16)
+    return [torch.empty_like(x), torch.empty_like(x), x.new_empty(b, n, di), x.new_empty(blocks, b, t, n),
+            x.new_empty(blocks, b, t, n), x.new_empty(b, n, di)]
+
+
+def _register_fakes() -> None:
+    """Shapes of the kernels' outputs, for torch.compile (run once the extension has loaded)."""
+    torch.library.register_fake("attnlab_ssm::scan_forward")(_fake_forward)
+    torch.library.register_fake("attnlab_ssm::scan_backward")(_fake_backward)
+
+
+quant_kernel.ON_LOAD.append(_register_fakes)
+IMPLS = ("cpp", "torch")
+
+
 def selective_scan(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
-                   D: torch.Tensor | None = None, h0: torch.Tensor | None = None
+                   D: torch.Tensor | None = None, h0: torch.Tensor | None = None, impl: str | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """The selective scan, fast on CPU: same arguments, results and errors as selective_scan_ref.
 
-    Runs the recurrence step by step on (B, N, Di) tensors with a hand-written backward (module
-    docstring). Without gradients (generation, evaluation) no per-step state is kept: memory is
-    O(B·T·Di + B·N·Di). With gradients it keeps every state, (T + 1)·B·N·Di floats, for the backward.
+    Two implementations (module docstring): "cpp", the C++ kernels of ssm_scan.cpp (the one C++
+    extension, nn/quant_kernel.py: x86-64 with AVX512), which keep every state in registers and
+    recompute them in the backward pass (memory O(B·T·Di + B·N·Di)); "torch", the step loop on
+    (B, N, Di) tensors with a hand-written backward (the fallback where the extension does not
+    build), which without gradients keeps no per-step state and with gradients keeps every state,
+    (T + 1)·B·N·Di floats.
 
-    Args / Returns / Raises: as selective_scan_ref.
-    Source: Gu & Dao 2023, Algorithm 2 and eq. (4).
+    Args / Returns / Raises: as selective_scan_ref; impl: "cpp", "torch", or None = the best available.
+    Raises:
+        ValueError: also for an unknown impl, or "cpp" where the extension is not available.
+    Source: Gu & Dao 2023, Algorithm 2 and eq. (4); §3.3.2 (recomputation in the backward pass).
     """
     _check(x, delta, A, B, C, h0)
+    if impl not in (None, *IMPLS):
+        raise ValueError(f"impl must be one of {', '.join(IMPLS)} or None, got {impl!r}")
+    cpp = x.device.type == "cpu" and quant_kernel.kernel() == "cpp"
+    if impl == "cpp" and not cpp:
+        raise ValueError("impl 'cpp': the C++ extension is not available here (nn/quant_kernel.py says why)")
+    if cpp and impl != "torch":
+        y, h_last = _ScanKernel.apply(*(v.float().contiguous() for v in (x, delta)), A.float().t().contiguous(),
+                                      *(v.float().contiguous() for v in (B, C)),
+                                      None if h0 is None else h0.float().transpose(1, 2).contiguous())
+    else:
+        y, h_last = _torch_scan(x, delta, A, B, C, h0)
+    if D is not None:
+        y = y + D.float() * x.float()
+    return y.to(x.dtype), h_last.transpose(1, 2)                                         # (B, Di, N)
+
+
+@torch.autocast("cpu", enabled=False)  # fp32 throughout, also under bf16 autocast (its bmm would be bf16)
+def _torch_scan(x, delta, A, B, C, h0):
+    """The PyTorch loop (_scan_loop / _SelectiveScan): y (B, T, Di) and h_T (B, N, Di), fp32."""
     b, t, di = x.shape
     n = A.shape[-1]
     xt, dtt, Bt, Ct = (v.float().transpose(0, 1).contiguous() for v in (x, delta, B, C))  # (T, B, ·)
@@ -172,10 +239,7 @@ def selective_scan(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: tor
         y, h_last = _SelectiveScan.apply(*inputs)
     else:
         y, h_last, _ = _scan_loop(*inputs, keep_states=False)
-    y = y.transpose(0, 1)                                                                # (B, T, Di)
-    if D is not None:
-        y = y + D.float() * x.float()
-    return y.to(x.dtype), h_last.transpose(1, 2)                                         # (B, Di, N)
+    return y.transpose(0, 1), h_last                                                     # (B, T, Di)
 
 
 def selective_step(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
