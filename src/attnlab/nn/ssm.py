@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import torch
 
+from attnlab.errors import UserError
 from attnlab.nn import quant_kernel  # the one C++ extension, built at first use
 
 
@@ -42,11 +43,11 @@ def _check(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tenso
     b, t, di = x.shape
     n = A.shape[-1]
     if delta.shape != x.shape or A.shape != (di, n) or B.shape != (b, t, n) or C.shape != (b, t, n):
-        raise ValueError(f"selective scan shapes disagree: x {tuple(x.shape)}, delta {tuple(delta.shape)}, "
-                         f"A {tuple(A.shape)}, B {tuple(B.shape)}, C {tuple(C.shape)} (want (B, T, Di), "
-                         f"(B, T, Di), (Di, N), (B, T, N), (B, T, N))")
+        raise UserError(f"selective scan shapes disagree: x {tuple(x.shape)}, delta {tuple(delta.shape)}, "
+                        f"A {tuple(A.shape)}, B {tuple(B.shape)}, C {tuple(C.shape)} (want (B, T, Di), "
+                        f"(B, T, Di), (Di, N), (B, T, N), (B, T, N))")
     if h0 is not None and h0.shape != (b, di, n):
-        raise ValueError(f"initial state h0 is {tuple(h0.shape)}, want (B, Di, N) = {(b, di, n)}")
+        raise UserError(f"initial state h0 is {tuple(h0.shape)}, want (B, Di, N) = {(b, di, n)}")
 
 
 def selective_scan_ref(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
@@ -211,10 +212,10 @@ def selective_scan(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: tor
     """
     _check(x, delta, A, B, C, h0)
     if impl not in (None, *IMPLS):
-        raise ValueError(f"impl must be one of {', '.join(IMPLS)} or None, got {impl!r}")
+        raise UserError(f"impl must be one of {', '.join(IMPLS)} or None, got {impl!r}", param="impl")
     cpp = x.device.type == "cpu" and quant_kernel.kernel() == "cpp"
     if impl == "cpp" and not cpp:
-        raise ValueError("impl 'cpp': the C++ extension is not available here (nn/quant_kernel.py says why)")
+        raise UserError("impl 'cpp': the C++ extension is not available here (nn/quant_kernel.py says why)", param="impl")
     if cpp and impl != "torch":
         y, h_last = _ScanKernel.apply(*(v.float().contiguous() for v in (x, delta)), A.float().t().contiguous(),
                                       *(v.float().contiguous() for v in (B, C)),
