@@ -15,7 +15,7 @@ IMPLS = ["torch"] + (["cpp"] if quant_kernel.kernel() == "cpp" else [])
 
 
 def _scan(impl):
-    return lambda *args: selective_scan(*args, impl=impl)
+    return lambda *args, **maps: selective_scan(*args, **maps, impl=impl)
 
 
 def _inputs(b, t, di, n, seed=0, with_h0=True):
@@ -37,24 +37,26 @@ def _close(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
     assert diff <= TOL * scale, f"{what}: max |diff| {diff:.2e} > {TOL} × {scale:.2f}"
 
 
-def _run(fn, args):
+def _run(fn, args, **maps):
     args = [a.clone().requires_grad_() if a is not None else None for a in args]
-    y, h = fn(*args)
+    maps = {k: v.clone().requires_grad_() if isinstance(v, torch.Tensor) else v for k, v in maps.items()}
+    y, h = fn(*args, **maps)
     g = torch.Generator().manual_seed(99)
     loss = (y * torch.randn(y.shape, generator=g)).sum() + (h * torch.randn(h.shape, generator=g)).sum()
     loss.backward()
-    return y.detach(), h.detach(), [a.grad if a is not None else None for a in args]
+    grads = [a.grad if a is not None else None for a in args]
+    return y.detach(), h.detach(), grads + [v.grad for v in maps.values() if isinstance(v, torch.Tensor)]
 
 
 NAMES = ["x", "delta", "A", "B", "C", "D", "h0"]
 
 
-def _equal_to_reference(args, impl):
-    y_ref, h_ref, g_ref = _run(selective_scan_ref, args)
-    y, h, g = _run(_scan(impl), args)
+def _equal_to_reference(args, impl, **maps):
+    y_ref, h_ref, g_ref = _run(selective_scan_ref, args, **maps)
+    y, h, g = _run(_scan(impl), args, **maps)
     _close(y, y_ref, "y")
     _close(h, h_ref, "final state")
-    for name, a, b in zip(NAMES, g, g_ref):
+    for name, a, b in zip(NAMES + [k for k, v in maps.items() if isinstance(v, torch.Tensor)], g, g_ref):
         if b is not None:
             _close(a, b, f"d loss / d {name}")
 
@@ -72,6 +74,27 @@ def test_kernel_equals_reference_on_long_sequences(b, t, di, n):
     """Longer than one recomputed segment of the kernel's backward (128 steps), channels not a
     multiple of its 16 lanes, states by 16s and not (its two ways of summing ∂B and ∂C)."""
     _equal_to_reference(_inputs(b, t, di, n, seed=t), "cpp")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("t,di,n", [(9, 12, 5), (200, 20, 16)])
+@pytest.mark.parametrize("maps", ["z", "softplus", "all"])
+def test_fused_maps_equal_reference(impl, t, di, n, maps):
+    """The gate SiLU(z) and Δ = softplus(delta + delta_bias) (the Mamba block's maps), with and
+    without D, values and gradients (z, delta_bias included); delta spans softplus's threshold 20."""
+    g = torch.Generator().manual_seed(t)
+    args = _inputs(2, t, di, n, seed=t)
+    args[1] = torch.randn(2, t, di, generator=g) * 3 - 2            # before the softplus
+    args[1][0, 0, :3] = torch.tensor([25.0, -30.0, 19.5])         # past, far below and near the threshold
+    z, bias = torch.randn(2, t, di, generator=g), torch.randn(di, generator=g)
+    if maps == "z":
+        args[1] = F.softplus(args[1])
+        _equal_to_reference(args, impl, z=z)
+    elif maps == "softplus":
+        args[5] = None
+        _equal_to_reference(args, impl, delta_bias=bias, delta_softplus=True)
+    else:
+        _equal_to_reference(args, impl, z=z, delta_bias=bias, delta_softplus=True)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
