@@ -8,8 +8,8 @@ K kernel width (d_conv).
 Two implementations, equal up to fp32 rounding (tests/nn/test_causal_conv.py, values and gradients):
 "torch", F.conv1d on the transposed input (its K − 1 left zeros as padding) then F.silu, the
 reference; "cpp", causal_conv.cpp in the one C++ extension (nn/quant_kernel.py), which reads and
-writes (B, T, Di) directly and recomputes the pre-activation in the backward pass (about 5× the
-reference's forward + backward at a Mamba layer's training shape: bench/mamba_block.py).
+writes (B, T, Di) directly and recomputes the pre-activation in the backward pass (bench/mamba_block.py
+times both inside a Mamba layer).
 
 Source: Gu & Dao 2023, "Mamba", §3.4 and Figure 3; the fused causal-conv1d kernel of the reference
 implementation (state-spaces/mamba) for the same operation.
