@@ -11,18 +11,30 @@ simpler Euler step the paper's code uses for B̄ (§3.5.2 / Algorithm 2):
     h_t = Ā_t ⊙ h_{t−1} + B̄_t x_t
     y_t = C_t · h_t + D ⊙ x_t   (B, Di)        the contraction is over N
 
-Two implementations compute the same numbers (tests hold them to 1e-5 in fp32, gradients too):
+Around the recurrence, the Mamba block's maps can be fused into the scan (the reference
+implementation's selective_scan_fn): Δ = softplus(delta + delta_bias) before it, y ⊙ SiLU(z) after.
+
+Three implementations compute the same numbers (tests hold them to 1e-5 in fp32, gradients too):
 
 - selective_scan_ref: the recurrence as written, one step at a time, differentiated by autograd.
   Readable; its backward is slow for long T.
-- selective_scan: the same loop inside a torch.autograd.Function whose backward runs the adjoint
-  recurrence by hand (g_{h,t} = C_t ⊗ g_{y,t} + Ā_{t+1} ⊙ g_{h,t+1}), with every tensor of one
-  step (B × N × Di) small enough to stay in cache. On CPU, forward + backward with one thread at
-  B 12, Di 256, N 16 (bench/ssm_scan.py), it is 3.5× faster than the autograd loop at T = 64 and
-  9× at T = 256, 7-8× faster than a chunked scan (sequential across chunks of 16, cumsum of
-  log-decays within them), and 34× (T = 64) to 280× (T = 256) faster than a loop over precomputed
-  (B, T, Di, N) tensors, whose autograd backward re-reads them at every step. A pure-PyTorch
-  parallel (Blelloch) scan does O(T log T) work on (B, T, Di, N) tensors and is slower on CPU.
+- selective_scan, impl "cpp" (the default where the C++ extension builds: x86-64 with AVX512):
+  ssm_scan.cpp keeps the N states of 16 channels as 16-lane vectors in registers for the whole
+  sequence, so no (B, T, Di, N) tensor is ever written; the backward recomputes the states in
+  segments of 128 steps and runs the adjoint recurrence (g_{h,t} = C_t ⊗ g_{y,t} + Ā_{t+1} ⊙
+  g_{h,t+1}) in registers too (the paper's §3.3.2 design, on a CPU's vector registers in place of
+  a GPU's SRAM). Forward + backward with one thread at B 12, Di 256, N 16 (bench/ssm_scan.py) it
+  is about 4× the PyTorch loop below at T = 64 and 256.
+- selective_scan, impl "torch" (the fallback): the loop inside a torch.autograd.Function whose
+  backward runs the adjoint recurrence by hand, with every tensor of one step (B × N × Di) small
+  enough to stay in cache.
+The parallel forms were measured and are slower on a CPU, where the B · Di · N independent lanes
+already fill the vector units and the cost is memory traffic, not the sequential dependence:
+a chunked scan (sequential across chunks of 16, a cumsum of log-decays within them, which also
+overflows e^{−S} once a chunk decays past e^{−88}) and a log-depth (Hillis–Steele) associative
+scan over (B, T, Di, N) tensors run 13× and 30× slower than the C++ kernel at T = 64 (18× and
+73× at T = 256). Mamba-1's A is diagonal per channel and state, so Mamba-2's state-space duality
+(a scalar decay per head, whose chunks become matrix products) does not apply exactly.
 
 selective_step is one decoding step (T = 1) on a state held by the caller.
 
