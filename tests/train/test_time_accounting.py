@@ -8,6 +8,7 @@ import pytest
 from attnlab.tasks.registry import get_task
 from attnlab.tasks.translation import TranslationObjective
 from attnlab.train import loop
+from attnlab.train.optim import budget_cosine_lr
 from tests.conftest import tiny_recipe
 
 
@@ -43,8 +44,7 @@ def test_evaluations_and_checkpoints_are_counted_apart_from_the_steps(tiny_multi
 def test_cosine_over_a_minutes_budget_reaches_its_floor_as_the_budget_runs_out(tiny_multi30k, tmp_path, monkeypatch):
     """Each step "takes" 6 s of a 1-minute budget: 10 steps, and step n's learning rate is the
     cosine at the fraction (n − 1) / 10 of the budget spent before it."""
-    from attnlab.train.optim import budget_cosine_lr
-    monkeypatch.setattr(loop.Trainer, "elapsed", lambda self: self.state["step"] * 6.0)
+    monkeypatch.setattr(loop.Trainer, "elapsed", lambda self: self.state.step * 6.0)
     recipe = tiny_recipe(1, ["max_steps=none", "minutes=1", "lr_schedule=cosine", "lr=1e-3", "min_lr=1e-5",
                              "warmup_steps=3", "eval_every=100"])
     result = get_task("seq2seq").train(recipe, tmp_path / "run")
