@@ -108,7 +108,8 @@ def draw_schedule(r: ScheduleResult, out) -> None:
         ax.set_ylabel("learning rate")
         formula = "noam: d^-0.5·min(s^-0.5, s·w^-1.5)" if c.schedule == "noam" else f"{c.schedule}"
         ax.set_title(f"{c.recipe} ({formula})", fontsize=9)
-        ax.legend(fontsize=7, title=", ".join(f"{k} {v:g}" for k, v in c.settings.items()), title_fontsize=7)
+        ax.legend(fontsize=7, title=", ".join(f"{k} {v:g}" if isinstance(v, (int, float)) else f"{k} {v}"
+                                              for k, v in c.settings.items()), title_fontsize=7)
         ax.grid(alpha=0.3)
     ax = axes[-1]
     x = np.arange(len(r.one_hot))
