@@ -9,9 +9,14 @@ on the final weights; ratios against the first recipe. --plot draws the validati
 (character-level recipes only: nats per BPE token are on another scale). --workers N trains N of the
 (recipe, seed) runs at a time, each in its own process on cores/N threads (the losses do not depend
 on it; the tokens/s are then those of a run sharing the machine, as the JSON's "threads_per_run" says).
+Two rates per run: train_tokens_per_s (all tokens over the whole training time, evaluations and
+checkpoints included) and step_tokens_per_s (the median of metrics.jsonl's 50-step windows, which
+leave evaluations out: the rate of the training steps, as nanoGPT reports its own). --peer also runs
+nanoGPT itself (../shared/peers/nanogpt_shakespeare_char.sh: its files, its CPU baby-GPT settings, our
+data) in the same run, after ours, and gives each recipe's step rate as a ratio of nanoGPT's.
 
     python bench/lm.py [--recipes shakespeare-char shakespeare-char-llama ...] [--steps N] [--seeds 0 1 2 3]
-                       [--set KEY=VALUE] [--workers N] [--plot FILE]
+                       [--set KEY=VALUE] [--workers N] [--plot FILE] [--peer]
 """
 from __future__ import annotations
 
@@ -20,11 +25,13 @@ import json
 import multiprocessing
 import os
 import shutil
+import subprocess
+import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
-from _common import machine_peaks, save_figure
+from _common import SHARED, host, save_figure
 
 from attnlab.data.text import TokenStream, read_text, split_text
 from attnlab.models.gpt import GPTConfig
@@ -81,6 +88,21 @@ def nanogpt_estimates(run: Path, draws: int = 50, eval_iters: int = 20) -> dict:
             "sd": round(t.std().item(), 4), "min": round(t.min().item(), 4), "max": round(t.max().item(), 4)}
 
 
+def step_rate(records: list[dict]) -> float | None:
+    """The median tokens/s of metrics.jsonl's logging windows (evaluations left out), or None."""
+    rates = sorted(r["tokens_per_s"] for r in records if "tokens_per_s" in r)
+    return rates[len(rates) // 2] if rates else None
+
+
+def nanogpt(steps: int) -> dict:
+    """nanoGPT's own training on our data (the peer script's one JSON line), with this interpreter."""
+    script = SHARED / "peers" / "nanogpt_shakespeare_char.sh"
+    env = {**os.environ, "PYTHON": sys.executable}
+    out = subprocess.run(["bash", str(script), str(SHARED / "data"), str(steps)], capture_output=True, text=True,
+                         env=env, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def train_one(name: str, overrides: list[str], out: Path) -> dict:
     """Train recipe `name` with `overrides` into a fresh `out`; its summary (tasks.base.Task.train)."""
     recipe = get_recipe(name).with_overrides(overrides)
@@ -109,8 +131,10 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=1, help="train this many runs at a time, on cores/N threads each")
     ap.add_argument("--out", default="runs/bench-lm")
     ap.add_argument("--plot", help="write the validation-loss curves to this PNG")
+    ap.add_argument("--peer", action="store_true", help="also train nanoGPT itself (its CPU baby GPT) and compare")
     args = ap.parse_args()
-    peaks = machine_peaks()
+    machine = host(torch.get_num_threads())
+    peaks = {k: machine[k] for k in ("fp32_matmul_gflops",) if k in machine}
     threads = max(1, (os.cpu_count() or 1) // args.workers) if args.workers > 1 else torch.get_num_threads()
     common = list(args.set) + ([f"max_steps={args.steps}", f"lr_decay_steps={args.steps}"] if args.steps else [])
     common += [f"threads={threads}"] if args.workers > 1 else []
@@ -137,7 +161,8 @@ def main() -> None:
         results[name] = {"parameters": summary["parameters"], "steps": summary["steps"],
                          "val_loss": summary["val_loss"], "best_val_loss": summary["best"],
                          "perplexity": summary["perplexity"], "bits_per_byte": summary.get("bits_per_byte"),
-                         "train_tokens_per_s": summary["tokens_per_s"], "train_gflops": round(gflops, 1)}
+                         "train_tokens_per_s": summary["tokens_per_s"], "step_tokens_per_s": step_rate(records),
+                         "train_gflops": round(gflops, 1)}
         if len(by_seed) > 1:
             losses = torch.tensor(list(by_seed.values()), dtype=torch.float64)
             results[name]["val_loss_by_seed"] = by_seed
@@ -147,13 +172,18 @@ def main() -> None:
             results[name]["fraction_of_fp32_matmul_peak"] = round(gflops / peaks["fp32_matmul_gflops"], 3)
         if recipe.data.tokenizer == "char":
             results[name]["nanogpt_style_estimate_final_weights"] = nanogpt_estimates(out)
+    peer = nanogpt(args.steps or get_recipe("shakespeare-char").train.max_steps) if args.peer else None
+    if peer:
+        for r in results.values():
+            r["ratio_step_tokens_per_s_vs_nanogpt"] = round(r["step_tokens_per_s"] / peer["tokens_per_s"], 2)
     first = results[args.recipes[0]]
     for name in args.recipes[1:]:
         r = results[name]
         r["ratio_bits_per_byte_vs_first"] = round(r["bits_per_byte"] / first["bits_per_byte"], 3)
         r["ratio_tokens_per_s_vs_first"] = round(r["train_tokens_per_s"] / first["train_tokens_per_s"], 2)
+        r["ratio_step_tokens_per_s_vs_first"] = round(r["step_tokens_per_s"] / first["step_tokens_per_s"], 2)
     print(json.dumps({"bench": "lm", "reference_nanogpt_val_loss": NANOGPT_VAL_LOSS, "overrides": args.set,
-                      "results": results, "machine": peaks, "workers": args.workers,
+                      "results": results, "nanogpt": peer, "machine": machine, "workers": args.workers,
                       "threads_per_run": threads}))
     if args.plot:
         import matplotlib

@@ -7,11 +7,16 @@ The shapes of one Mamba layer at d_model D (Di = 2·D, N = 16) on a training bat
   chunked_cumsum   sequential across chunks of L = 16 steps, parallel within a chunk:
                    h_t = e^{S_t} (h_0 + Σ_{s≤t} e^{−S_s} B̄_s x_s), S the cumsum of log Ā over the chunk
                    (e^{−S} overflows fp32 once a chunk decays by more than e^{-88}: a trained model's
-                   large Δ·|A| would need shorter chunks)
-  fast             nn.ssm.selective_scan: the loop inside an autograd.Function with a hand-written
-                   adjoint backward on (B, N, Di) step tensors (the library's)
+                   large Δ·|A| would need shorter chunks); autograd backward
+  log_depth        the parallel (Hillis–Steele) scan over all T: log2 T rounds of
+                   (a, b)_t ∘ (a, b)_{t−k} = (a_t a_{t−k}, a_t b_{t−k} + b_t) on (B, T, Di, N) tensors,
+                   exact and stable (products of Ā ≤ 1, no exponent of a sum); autograd backward
+  torch_loop       nn.ssm.selective_scan impl "torch": the loop on (B, N, Di) step tensors with a
+                   hand-written adjoint backward (the fallback without the C++ extension)
+  cpp              nn.ssm.selective_scan impl "cpp": the C++ kernels (ssm_scan.cpp), states in
+                   registers, recomputed in the backward pass (the default where the extension builds)
 Each is timed (best of --repeats) on the same inputs, after checking it equals the reference on a
-small problem. Prints one JSON line: ms per candidate and per T, and the ratio to `fast`.
+small problem. Prints one JSON line: ms per candidate and per T, the ratio of each to cpp, the host.
 
     python bench/ssm_scan.py [--batch 12] [--d-model 128] [--lengths 64 256] [--threads 1] [--repeats 3]
                              [--skip-slow-above 256]
@@ -25,6 +30,9 @@ import time
 import torch
 import torch.nn.functional as F
 
+from _common import host
+
+from attnlab.nn import quant_kernel
 from attnlab.nn.ssm import selective_scan, selective_scan_ref
 
 
@@ -53,8 +61,23 @@ def chunked_cumsum(x, delta, A, B, C, D, chunk=16):
     return torch.cat(ys, 1) + D * x, h
 
 
+def log_depth(x, delta, A, B, C, D):
+    a = torch.exp(delta.unsqueeze(-1) * A)                         # Ā (B, T, Di, N)
+    b = (delta * x).unsqueeze(-1) * B.unsqueeze(2)                 # B̄x (B, T, Di, N)
+    k = 1
+    while k < x.shape[1]:                                          # after the round of k: spans of 2k steps
+        b = torch.cat([b[:, :k], torch.addcmul(b[:, k:], a[:, k:], b[:, :-k])], 1)
+        if 2 * k < x.shape[1]:
+            a = torch.cat([a[:, :k], a[:, k:] * a[:, :-k]], 1)
+        k *= 2
+    return (b @ C.unsqueeze(-1)).squeeze(-1) + D * x, b[:, -1]     # b_t is now h_t
+
+
 CANDIDATES = {"autograd_loop": selective_scan_ref, "stacked_states": stacked_states,
-              "chunked_cumsum": chunked_cumsum, "fast": selective_scan}
+              "chunked_cumsum": chunked_cumsum, "log_depth": log_depth,
+              "torch_loop": lambda *a: selective_scan(*a, impl="torch"),
+              "cpp": lambda *a: selective_scan(*a, impl="cpp")}
+SLOW = ("autograd_loop", "stacked_states", "log_depth")
 
 
 def inputs(b: int, t: int, di: int, n: int, seed: int = 0) -> list[torch.Tensor]:
@@ -94,22 +117,24 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--skip-slow-above", type=int, default=256,
-                    help="skip the autograd candidates (O(T²) backward) above this T")
+                    help="skip the slow autograd candidates (O(T²) or O(T log T) backward) above this T")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if quant_kernel.kernel() != "cpp":
+        raise SystemExit("bench/ssm_scan.py compares against the C++ kernels, which do not build here")
     di = 2 * args.d_model
-    out = {"bench": "ssm_scan", "batch": args.batch, "d_model": args.d_model, "d_inner": di, "d_state": args.d_state,
-           "threads": args.threads, "max_abs_diff_vs_reference": {k: check(fn) for k, fn in CANDIDATES.items()},
-           "ms_forward_backward": {}, "ratio_to_fast": {}}
+    out = {"bench": "ssm_scan", "host": host(args.threads), "batch": args.batch, "d_model": args.d_model,
+           "d_inner": di, "d_state": args.d_state, "threads": args.threads, "max_abs_diff_vs_reference": {k: check(fn) for k, fn in CANDIDATES.items()},
+           "ms_forward_backward": {}, "ratio_to_cpp": {}}
     for t in args.lengths:
         data = inputs(args.batch, t, di, args.d_state)
         row = {}
         for name, fn in CANDIDATES.items():
-            if t > args.skip_slow_above and name in ("autograd_loop", "stacked_states"):
+            if t > args.skip_slow_above and name in SLOW:
                 continue
             row[name] = round(forward_backward_ms(fn, data, args.repeats), 1)
         out["ms_forward_backward"][str(t)] = row
-        out["ratio_to_fast"][str(t)] = {k: round(v / row["fast"], 2) for k, v in row.items()}
+        out["ratio_to_cpp"][str(t)] = {k: round(v / row["cpp"], 2) for k, v in row.items()}
     print(json.dumps(out))
 
 

@@ -1,24 +1,31 @@
-"""Benchmark: the multi30k-en-de recipe trained for a wall-clock budget on this machine.
+"""Benchmark: the multi30k-en-de recipe trained for wall-clock budgets on this machine.
 
-Prints one JSON line: test BLEU (sacreBLEU, test_2016_flickr, beam 4 and greedy), the curve of
-validation BLEU against wall-clock time, training throughput (target tokens/s), the fraction of this
-machine's measured fp32 matmul rate that training reaches, and, with --peer, the plain
-torch.nn.Transformer baseline of ../shared/peers trained for the same budget in the same run, as ratios.
-With --plot FILE it also draws the BLEU curve (needs matplotlib).
+For each budget (--minutes 2 4 10 trains three runs, one after the other) it prints test BLEU
+(sacreBLEU, test_2016_flickr, beam 4 and greedy), the curve of validation BLEU against wall-clock
+time, training throughput (target tokens/s, over the whole budget and over the optimizer steps
+alone), where the budget went (optimizer steps, evaluations, checkpoints, the average's evaluation:
+the loop's time_s), the fraction of this machine's measured fp32 matmul rate that training reaches,
+and, with --peer, the plain torch.nn.Transformer baseline of ../shared/peers trained for the same
+budget in the same run, side by side as ratios. With --concurrent ours and the peer train at the
+same time, one thread and one CPU each (same machine, same moment, half the wall time; each at about
+half its 2-thread speed). The host (lscpu's model name and flags) and its measured peaks are in the
+JSON, so runs on different hosts compare at equal steps as well as at equal time. With --plot FILE
+it also draws the BLEU curves (needs matplotlib).
 
-    python bench/translation.py --minutes 10 [--peer] [--set key=value ...] [--out DIR] [--plot FILE]
+    python bench/translation.py --minutes 10 [2 4 ...] [--peer [--concurrent]] [--set key=value ...]
+        [--out DIR] [--plot FILE]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import torch
-from _common import SHARED, machine_peaks
+from _common import lscpu, machine_peaks, save_figure
+from _translation_peer import finish_peer, start_peer
 
 from attnlab.data.translation import ParallelCorpus, read_parallel, token_batches
 from attnlab.models.seq2seq import Seq2SeqConfig
@@ -53,69 +60,118 @@ def flops_per_target_token(run: Path) -> float:
     return total / corpus.target_tokens()
 
 
-def run_peer(minutes: float) -> dict:
-    """The torch.nn.Transformer baseline with its README's tuned settings, same budget."""
-    script = SHARED / "peers" / "nn_transformer_multi30k.py"
-    env = {**os.environ, "BT": "1500", "WARM": "200", "FACTOR": "0.7"}
-    out = subprocess.run([sys.executable, str(script), str(SHARED / "data"), str(minutes)], env=env,
-                         capture_output=True, text=True, check=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+def budget_record(minutes: float, summary: dict, records: list[dict]) -> dict:
+    """Where a run's seconds went: the loop's time_s, each evaluation's seconds, and how far the end
+    of the run (final evaluation, average, checkpoints) went past the budget."""
+    total = sum(summary["time_s"].values())
+    return {"budget_s": minutes * 60, "total_s": round(total, 1), **{f"{k}_s": v for k, v in summary["time_s"].items()},
+            "past_budget_s": round(total - minutes * 60, 1),
+            "evaluations": [[r["step"], r["eval_s"]] + (["averaged"] if "averaged" in r else [])
+                            for r in records if "val_bleu" in r and "eval_s" in r]}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--minutes", type=float, default=10.0)
-    ap.add_argument("--out", default="runs/bench-translation")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    ap.add_argument("--peer", action="store_true", help="also train the torch.nn.Transformer peer")
-    ap.add_argument("--plot", help="write the BLEU-vs-time curve to this PNG")
-    ap.add_argument("--resume", action="store_true")
-    args = ap.parse_args()
-    out = Path(args.out)
-    peaks = machine_peaks()
-    recipe = get_recipe("multi30k-en-de").with_overrides(args.set + [f"minutes={args.minutes}", "max_steps=none"])
+def run_ours(recipe, out: Path, resume: bool, limit: int | None = None) -> dict:
+    """Train `recipe` into `out`, then test BLEU with beam 4 and greedy (on the first `limit` test
+    sentences when given): the bench's record of ours."""
     task = get_task("seq2seq")
-    summary = task.train(recipe, out, resume=args.resume)
-    beam = task.evaluate(out, "test", beam=4)
-    greedy = task.evaluate(out, "test", beam=1)
+    summary = task.train(recipe, out, resume=resume)
+    beam = task.evaluate(out, "test", limit, beam=4)
+    greedy = task.evaluate(out, "test", limit, beam=1)
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     curve = [[r["elapsed_s"], r["val_bleu"]] for r in records if "val_bleu" in r and "averaged" not in r]
     averaged = [r["val_bleu"] for r in records if "averaged" in r]
     flops_tok = flops_per_target_token(out)
-    achieved = flops_tok * summary["tokens_per_s"] / 1e9
-    result = {
-        "bench": "translation", "recipe": recipe.name, "minutes": args.minutes, "overrides": args.set,
-        "parameters": summary["parameters"], "steps": summary["steps"],
+    tokens = summary["tokens_per_s"] * sum(summary["time_s"].values())
+    step_rate = tokens / max(summary["time_s"]["train_steps"], 1e-9)
+    return {
+        "out": str(out), "parameters": summary["parameters"], "steps": summary["steps"],
         "test_bleu_beam4": beam["bleu"], "test_bleu_greedy": greedy["bleu"],
-        "best_val_bleu_greedy": summary["best"], "val_bleu_curve_s": curve,
+        "test_beam4_s": beam["seconds"], "test_greedy_s": greedy["seconds"],
+        "best_val_bleu_greedy": summary["best"], "best_step": summary["best_step"], "val_bleu_curve_s": curve,
         "val_bleu_greedy_averaged_last": averaged[-1] if averaged else None,
-        "tgt_tokens_per_s": summary["tokens_per_s"], "train_gflops": round(achieved, 1),
-        "machine": peaks, "threads": torch.get_num_threads(),
+        "tgt_tokens_per_s": summary["tokens_per_s"], "tgt_tokens_per_s_in_steps": round(step_rate, 1),
+        "s_per_step": round(summary["time_s"]["train_steps"] / max(summary["steps"], 1), 3),
+        "flops_per_target_token": round(flops_tok), "train_gflops": round(flops_tok * step_rate / 1e9, 1),
+        "budget": budget_record(recipe.train.minutes, summary, records),
     }
-    if peaks:
-        result["fraction_of_fp32_matmul_peak"] = round(achieved / peaks["fp32_matmul_gflops"], 3)
-    if args.peer:
-        peer = run_peer(args.minutes)
-        result["peer"] = peer
-        result["ratio_bleu_greedy_vs_peer"] = round(greedy["bleu"] / max(peer["bleu"], 1e-9), 2)
-        result["ratio_tokens_per_s_vs_peer"] = round(summary["tokens_per_s"] / max(peer["tgt_tok_per_s"], 1e-9), 2)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--minutes", type=float, nargs="+", default=[10.0])
+    ap.add_argument("--out", default="runs/bench-translation", help="run directory (DIR-<M>min with several budgets)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--peer", action="store_true", help="also train the torch.nn.Transformer peer")
+    ap.add_argument("--concurrent", action="store_true", help="ours and the peer at once, one thread and CPU each")
+    ap.add_argument("--plot", help="write the BLEU-vs-time curves to this PNG")
+    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--limit", type=int, help="score only the first N test sentences (a quick check of the bench)")
+    args = ap.parse_args()
+    if args.concurrent and not args.peer:
+        ap.error("--concurrent needs --peer")
+    peaks = machine_peaks()
+    cpus = sorted(os.sched_getaffinity(0))
+    if args.concurrent:
+        if len(cpus) < 2:
+            ap.error("--concurrent needs two CPUs")
+        torch.set_num_threads(1)
+        os.sched_setaffinity(0, {cpus[0]})
+    result = {"bench": "translation", "recipe": "multi30k-en-de", "minutes": args.minutes, "overrides": args.set,
+              "test_sentences": args.limit or "all",
+              "mode": "concurrent: ours and the peer at the same time, 1 thread and 1 CPU each" if args.concurrent
+              else "sequential: ours, then the peer, each with the machine's threads",
+              "host": lscpu(), "machine": peaks, "threads": torch.get_num_threads(), "runs": []}
+    for minutes in args.minutes:
+        out = Path(args.out) if len(args.minutes) == 1 else Path(f"{args.out}-{minutes:g}min")
+        recipe = get_recipe("multi30k-en-de").with_overrides(args.set + [f"minutes={minutes}", "max_steps=none"])
+        peer_proc = start_peer(minutes, threads=1, cpus={cpus[1]}) if args.concurrent else None
+        run = {"minutes": minutes, "ours": run_ours(recipe, out, args.resume, args.limit)}
+        if peaks:
+            run["ours"]["fraction_of_fp32_matmul_peak"] = round(
+                run["ours"]["train_gflops"] / peaks["fp32_matmul_gflops"] * (2 if args.concurrent else 1), 3)
+        if args.peer:
+            peer = finish_peer(peer_proc if peer_proc else start_peer(minutes))
+            run["peer"] = peer
+            run["ratio_bleu_greedy_vs_peer"] = round(run["ours"]["test_bleu_greedy"] / max(peer["bleu"], 1e-9), 2)
+            run["ratio_bleu_beam4_vs_peer_greedy"] = round(run["ours"]["test_bleu_beam4"] / max(peer["bleu"], 1e-9), 2)
+            run["ratio_tokens_per_s_vs_peer"] = round(run["ours"]["tgt_tokens_per_s"] / max(peer["tgt_tok_per_s"], 1e-9), 2)
+        result["runs"].append(run)
+        print(side_by_side(run), file=sys.stderr, flush=True)
     if args.plot:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        fig, ax = plt.subplots(figsize=(6, 4))
-        ax.plot([c[0] / 60 for c in curve], [c[1] for c in curve], marker="o", label="validation BLEU (greedy)")
-        if averaged:
-            ax.plot([curve[-1][0] / 60], [averaged[-1]], marker="*", ms=12, ls="",
-                    label="validation BLEU, last checkpoints averaged")
-        ax.axhline(beam["bleu"], ls="--", color="gray", label=f"test BLEU, beam 4: {beam['bleu']}")
-        ax.set_xlabel("wall-clock minutes (2 CPU cores)")
-        ax.set_ylabel("sacreBLEU")
-        ax.set_title("multi30k-en-de: BLEU against training time")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(args.plot, dpi=120)
-    print(json.dumps(result))
+        plot(result, args.plot)
+    print(json.dumps(result, ensure_ascii=False))
+
+
+def side_by_side(run: dict) -> str:
+    """One line per budget: BLEU and tokens/s of ours and the peer."""
+    o, p = run["ours"], run.get("peer")
+    line = (f"{run['minutes']:g} min: ours {o['steps']} steps, BLEU beam4 {o['test_bleu_beam4']} / greedy "
+            f"{o['test_bleu_greedy']}, {o['tgt_tokens_per_s']:.0f} tgt tok/s")
+    if p:
+        line += f" | peer {p['steps']} steps, BLEU greedy {p['bleu']}, {p['tgt_tok_per_s']} tgt tok/s"
+    return line
+
+
+def plot(result: dict, path: str) -> None:
+    import matplotlib  # optional (the viz extra)
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for run in result["runs"]:
+        o = run["ours"]
+        curve = o["val_bleu_curve_s"]
+        line, = ax.plot([c[0] / 60 for c in curve], [c[1] for c in curve], marker="o",
+                        label=f"{run['minutes']:g} min: validation BLEU (greedy)")
+        if o["val_bleu_greedy_averaged_last"] is not None:
+            ax.plot([curve[-1][0] / 60], [o["val_bleu_greedy_averaged_last"]], marker="*", ms=12, ls="",
+                    color=line.get_color(), label=f"{run['minutes']:g} min: last checkpoints averaged")
+        ax.axhline(o["test_bleu_beam4"], ls="--", color=line.get_color(),
+                   label=f"{run['minutes']:g} min: test BLEU, beam 4: {o['test_bleu_beam4']}")
+    ax.set_xlabel("wall-clock minutes (2 CPU cores)")
+    ax.set_ylabel("sacreBLEU")
+    ax.set_title("multi30k-en-de: BLEU against training time")
+    ax.legend(fontsize=7)
+    save_figure(fig, path)
 
 
 if __name__ == "__main__":

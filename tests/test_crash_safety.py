@@ -29,7 +29,7 @@ from attnlab.tasks.registry import get_task
 from attnlab.train.loop import Trainer
 from attnlab.train.run_dir import run_lock
 from tests.conftest import TINY_LM, tiny_recipe
-from tests.train.crash import assert_same_run, kill_at, reference_run, run_in_child
+from tests.train.crash import TIMINGS, assert_same_run, kill_at, reference_run, run_in_child
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # bit-for-bit comparisons: one thread, as the forked child
 
@@ -65,7 +65,7 @@ def reference(tmp_path_factory):
 
 def final_record(capsys) -> dict:
     record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    return {k: v for k, v in record.items() if k not in ("elapsed_s", "tokens_per_s")}
+    return {k: v for k, v in record.items() if k not in TIMINGS}
 
 
 # ----------------------------------------------------------------------------- 1. two renames
@@ -127,9 +127,8 @@ def test_case4_snapshots_and_the_average_survive_a_kill(tiny_multi30k, tmp_path,
     assert expected["averaged"] == ["step_00000004", "step_00000006"]
     kill_at(lambda: translation.train(tiny_recipe(6), out), crash_at)
     result = translation.train(tiny_recipe(6), out, resume=True)
-    timings = ("elapsed_s", "tokens_per_s")
-    assert {k: v for k, v in result.items() if k not in timings} == {k: v for k, v in expected.items()
-                                                                    if k not in timings}
+    assert {k: v for k, v in result.items() if k not in TIMINGS} == {k: v for k, v in expected.items()
+                                                                    if k not in TIMINGS}
     assert_same_run(full, out)
 
 
@@ -266,6 +265,8 @@ DAMAGE = {  # name -> (evaluate or resume, damage(run dir), what the one line sa
         position=10**9)), "state.json: position must be in 0.."),
     "state.json position -5": ("resume", lambda d: _edit_json(d / "checkpoint/state.json", lambda s: s.update(
         position=-5)), "state.json: position must be an int >= 0, got -5"),
+    "state.json spent_s negative": ("resume", lambda d: _edit_json(d / "checkpoint/state.json", lambda s: s.update(
+        spent_s={"evaluate": -1.0, "checkpoint": 0.0, "average": 0.0})), "state.json: spent_s must be an object"),
     "rng.safetensors of another shape": ("resume", lambda d: save_file(
         {"torch": torch.zeros(7, dtype=torch.uint8)}, str(d / "checkpoint/rng.safetensors")),
         "rng.safetensors: tensor 'torch' has shape (7,), expected (5056,)"),

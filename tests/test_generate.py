@@ -40,6 +40,18 @@ def test_beam_reproduces_overfit_set(overfit_model, k):
     assert beam_search(m, src, beam_size=k, alpha=0.6) == corpus.tgt
 
 
+def test_beam_search_stops_decoding_finished_sentences(overfit_model, monkeypatch):
+    """A finished sentence leaves the batch (its rows are no longer decoded), and the others' results
+    are those each reaches alone (before: every row ran until the last sentence finished)."""
+    m, corpus, src = overfit_model
+    alone = [beam_search(m, src[i:i + 1], 4, alpha=0.6)[0] for i in range(src.size(0))]
+    rows, decode = [], m.decode
+    monkeypatch.setattr(m, "decode", lambda tokens, *a, **kw: rows.append(tokens.size(0)) or decode(tokens, *a, **kw))
+    assert beam_search(m, src, 4, alpha=0.6) == alone == corpus.tgt
+    assert rows[0] == 4 * src.size(0) and rows[-1] < rows[0] and rows == sorted(rows, reverse=True)
+    assert set(rows) <= {4 * n for n in range(1, src.size(0) + 1)}
+
+
 def test_beam_of_one_equals_greedy_on_random_model():
     m = Seq2SeqTransformer(tiny_config()).eval()
     src = torch.randint(3, 40, (3, 5))
@@ -117,7 +129,7 @@ class ToyState:
     def __init__(self, prefixes):
         self.prefixes = prefixes  # (B, t) tokens so far
 
-    def reorder(self, index):
+    def reorder(self, index, same_source=False):
         self.prefixes = self.prefixes.index_select(0, index)
 
 

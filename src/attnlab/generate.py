@@ -139,52 +139,55 @@ def beam_search(model: Seq2SeqTransformer, src: torch.Tensor, beam_size: int = 4
     hyps = torch.full((b * k, 0), cfg.pad_id, dtype=torch.long, device=src.device)
     tokens = torch.full((b * k, 1), cfg.bos_id, dtype=torch.long, device=src.device)
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(b)]
-    done = [False] * b
+    live = list(range(b))  # the sentence in each of the batch's groups of K rows; done ones leave
     for step in range(1, n_new + 1):
-        h = model.decode(tokens, None, src_mask, state)  # (B·K, 1, D)
-        logp = model.output_logits(h[:, -1]).float().log_softmax(-1)  # (B·K, V)
+        n = len(live)
+        h = model.decode(tokens, None, src_mask, state)  # (N·K, 1, D), N sentences still running
+        logp = model.output_logits(h[:, -1]).float().log_softmax(-1)  # (N·K, V)
         vocab = logp.size(-1)
-        cand = (scores.view(b * k, 1) + logp).view(b, k * vocab)  # (B, K·V)
-        top_scores, top_idx = cand.topk(2 * k, dim=1)  # (B, 2K)
-        src_beam, tok = top_idx // vocab, top_idx % vocab
-        next_beam = torch.zeros(b, k, dtype=torch.long)
-        next_tok = torch.full((b, k), cfg.pad_id, dtype=torch.long)
-        next_scores = torch.full((b, k), float("-inf"))
-        ts, sb, tk = top_scores.tolist(), src_beam.tolist(), tok.tolist()
-        for i in range(b):
+        cand = (scores.view(n * k, 1) + logp).view(n, k * vocab)  # (N, K·V)
+        top_scores, top_idx = cand.topk(2 * k, dim=1)  # (N, 2K)
+        next_beam = torch.zeros(n, k, dtype=torch.long)
+        next_tok = torch.full((n, k), cfg.pad_id, dtype=torch.long)
+        next_scores = torch.full((n, k), float("-inf"))
+        ts, sb, tk = top_scores.tolist(), (top_idx // vocab).tolist(), (top_idx % vocab).tolist()
+        keep = []  # the groups that go on
+        for i, sentence in enumerate(live):
             alive = 0
             for rank in range(2 * k):
                 s, beam, t = ts[i][rank], sb[i][rank], tk[i][rank]
-                if s == float("-inf") or done[i]:
+                if s == float("-inf"):
                     break
                 if t == cfg.eos_id:
                     if rank < k:
-                        finished[i].append((s / length_penalty(step, alpha), hyps[i * k + beam].tolist()))
+                        finished[sentence].append((s / length_penalty(step, alpha), hyps[i * k + beam].tolist()))
                     continue
                 next_beam[i, alive], next_tok[i, alive], next_scores[i, alive] = beam, t, s
                 alive += 1
                 if alive == k:
                     break
-            if not done[i] and len(finished[i]) >= k:
-                worst = sorted(f[0] for f in finished[i])[-k]  # K-th best finished
+            done = False
+            if len(finished[sentence]) >= k:
+                worst = sorted(f[0] for f in finished[sentence])[-k]  # K-th best finished
                 best_alive = next_scores[i].max().item()  # −inf when none is left
-                if best_reachable(best_alive, step, n_new, alpha, early_stopping) <= worst:
-                    done[i] = True
-            if done[i]:
-                next_scores[i] = float("-inf")
-        if all(done):
+                done = best_reachable(best_alive, step, n_new, alpha, early_stopping) <= worst
+            if not done:
+                keep.append(i)
+        if not keep:
             break
-        index = (torch.arange(b)[:, None] * k + next_beam).view(-1)  # (B·K,) rows to keep
-        state.reorder(index)
-        hyps = torch.cat([hyps.index_select(0, index), next_tok.view(-1, 1)], dim=1)
-        scores = next_scores
-        tokens = next_tok.view(-1, 1)
-    for i in range(b):
-        if not done[i]:  # the length limit: alive hypotheses end here
+        groups = torch.tensor(keep)
+        index = (groups[:, None] * k + next_beam[groups]).view(-1)  # (N'·K,) rows to keep
+        # a row moves only within its sentence's group unless a sentence left: the source side stays
+        state.reorder(index, same_source=len(keep) == n)
+        hyps = torch.cat([hyps.index_select(0, index), next_tok[groups].view(-1, 1)], dim=1)
+        scores, tokens = next_scores[groups], next_tok[groups].view(-1, 1)
+        live = [live[i] for i in keep]
+    else:  # the length limit: the alive hypotheses of the sentences still running end here
+        for i, sentence in enumerate(live):
             for j in range(k):
                 if scores[i, j] > float("-inf"):
-                    finished[i].append((scores[i, j].item() / length_penalty(hyps.size(1), alpha),
-                                        hyps[i * k + j].tolist()))
+                    finished[sentence].append((scores[i, j].item() / length_penalty(hyps.size(1), alpha),
+                                               hyps[i * k + j].tolist()))
     return [_strip(max(f, key=lambda x: x[0])[1], cfg.eos_id, cfg.pad_id) if f else [] for f in finished]
 
 

@@ -130,3 +130,21 @@ def test_reorder_keeps_selected_rows():
     cache.update(k, k)
     cache.reorder(torch.tensor([2, 2, 0]))
     assert cache.k[:, 0, 0, 0].tolist() == [2.0, 2.0, 0.0]
+
+
+@pytest.mark.parametrize("index", [[1, 0], [2, 2, 0], [0, 1, 2, 2, 1]])
+def test_reorder_then_decode_equals_a_cache_built_in_that_order(index):
+    """Fewer, as many or more rows than before; the rows carry on as caches filled in the new order."""
+    g = torch.Generator().manual_seed(0)
+    steps = [torch.randn(3, 2, 1, 4, generator=g) for _ in range(3)]
+    cache = KVCache(3, 2, 6, 4)
+    for k in steps[:2]:
+        cache.update(k, -k)
+    cache.reorder(torch.tensor(index))
+    picked = [k[index] for k in steps]
+    direct = KVCache(len(index), 2, 6, 4)
+    for k in picked[:2]:
+        direct.update(k, -k)
+    assert cache.length == direct.length == 2 and cache.k.shape == direct.k.shape
+    for a, b in zip(cache.update(picked[2], -picked[2]), direct.update(picked[2], -picked[2])):
+        assert torch.equal(a, b)

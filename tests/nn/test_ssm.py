@@ -1,14 +1,21 @@
-"""The selective scan: the fast form equals the sequential reference (values, final state and every
-gradient, fp32, 1e-5), continues from a state exactly, and the one-token step equals a scan of one."""
+"""The selective scan: each fast form (the C++ kernels, the PyTorch loop) equals the sequential
+reference (values, final state and every gradient, fp32, 1e-5), continues from a state exactly, and
+the one-token step equals a scan of one."""
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from attnlab.nn import quant_kernel
 from attnlab.nn.ssm import selective_scan, selective_scan_ref, selective_step
 
 TOL = 1e-5
+IMPLS = ["torch"] + (["cpp"] if quant_kernel.kernel() == "cpp" else [])
+
+
+def _scan(impl):
+    return lambda *args, **maps: selective_scan(*args, **maps, impl=impl)
 
 
 def _inputs(b, t, di, n, seed=0, with_h0=True):
@@ -30,46 +37,104 @@ def _close(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
     assert diff <= TOL * scale, f"{what}: max |diff| {diff:.2e} > {TOL} × {scale:.2f}"
 
 
-def _run(fn, args):
+def _run(fn, args, **maps):
     args = [a.clone().requires_grad_() if a is not None else None for a in args]
-    y, h = fn(*args)
+    maps = {k: v.clone().requires_grad_() if isinstance(v, torch.Tensor) else v for k, v in maps.items()}
+    y, h = fn(*args, **maps)
     g = torch.Generator().manual_seed(99)
     loss = (y * torch.randn(y.shape, generator=g)).sum() + (h * torch.randn(h.shape, generator=g)).sum()
     loss.backward()
-    return y.detach(), h.detach(), [a.grad if a is not None else None for a in args]
+    grads = [a.grad if a is not None else None for a in args]
+    return y.detach(), h.detach(), grads + [v.grad for v in maps.values() if isinstance(v, torch.Tensor)]
 
 
 NAMES = ["x", "delta", "A", "B", "C", "D", "h0"]
 
 
-@pytest.mark.parametrize("t", [1, 2, 7, 33, 64])
-@pytest.mark.parametrize("with_h0", [False, True])
-def test_fast_scan_equals_reference_values_state_and_gradients(t, with_h0):
-    args = _inputs(3, t, 12, 5, seed=t, with_h0=with_h0)
-    y_ref, h_ref, g_ref = _run(selective_scan_ref, args)
-    y, h, g = _run(selective_scan, args)
+def _equal_to_reference(args, impl, **maps):
+    y_ref, h_ref, g_ref = _run(selective_scan_ref, args, **maps)
+    y, h, g = _run(_scan(impl), args, **maps)
     _close(y, y_ref, "y")
     _close(h, h_ref, "final state")
-    for name, a, b in zip(NAMES, g, g_ref):
+    for name, a, b in zip(NAMES + [k for k, v in maps.items() if isinstance(v, torch.Tensor)], g, g_ref):
         if b is not None:
             _close(a, b, f"d loss / d {name}")
 
 
-def test_no_grad_path_equals_grad_path():
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("t", [1, 2, 7, 33, 64])
+@pytest.mark.parametrize("with_h0", [False, True])
+def test_fast_scan_equals_reference_values_state_and_gradients(t, with_h0, impl):
+    _equal_to_reference(_inputs(3, t, 12, 5, seed=t, with_h0=with_h0), impl)
+
+
+@pytest.mark.skipif("cpp" not in IMPLS, reason="the C++ extension does not build here")
+@pytest.mark.parametrize("b,t,di,n", [(2, 300, 40, 16), (1, 257, 17, 32), (2, 129, 32, 3)])
+def test_kernel_equals_reference_on_long_sequences(b, t, di, n):
+    """Longer than one recomputed segment of the kernel's backward (128 steps), channels not a
+    multiple of its 16 lanes, states by 16s and not (its two ways of summing ∂B and ∂C)."""
+    _equal_to_reference(_inputs(b, t, di, n, seed=t), "cpp")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("t,di,n", [(9, 12, 5), (200, 20, 16)])
+@pytest.mark.parametrize("maps", ["z", "softplus", "all"])
+def test_fused_maps_equal_reference(impl, t, di, n, maps):
+    """The gate SiLU(z) and Δ = softplus(delta + delta_bias) (the Mamba block's maps), with and
+    without D, values and gradients (z, delta_bias included); delta spans softplus's threshold 20."""
+    g = torch.Generator().manual_seed(t)
+    args = _inputs(2, t, di, n, seed=t)
+    args[1] = torch.randn(2, t, di, generator=g) * 3 - 2            # before the softplus
+    args[1][0, 0, :3] = torch.tensor([25.0, -30.0, 19.5])         # past, far below and near the threshold
+    z, bias = torch.randn(2, t, di, generator=g), torch.randn(di, generator=g)
+    if maps == "z":
+        args[1] = F.softplus(args[1])
+        _equal_to_reference(args, impl, z=z)
+    elif maps == "softplus":
+        args[5] = None
+        _equal_to_reference(args, impl, delta_bias=bias, delta_softplus=True)
+    else:
+        _equal_to_reference(args, impl, z=z, delta_bias=bias, delta_softplus=True)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_scan_runs_fp32_under_bf16_autocast(impl):
+    args = _inputs(2, 9, 8, 4)
+    y_ref, h_ref = selective_scan_ref(*args)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y, h = selective_scan(*[a.clone().requires_grad_() for a in args], impl=impl)
+    assert y.dtype == h.dtype == torch.float32
+    _close(y, y_ref, "y")
+    y.sum().backward()  # fp32 gradients meet fp32 saved tensors
+
+
+def test_unknown_or_missing_impl_is_refused():
+    args = _inputs(2, 3, 8, 4)
+    with pytest.raises(ValueError, match="impl must be one of"):
+        selective_scan(*args, impl="cuda")
+    if "cpp" not in IMPLS:
+        with pytest.raises(ValueError, match="not available"):
+            selective_scan(*args, impl="cpp")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_no_grad_path_equals_grad_path(impl):
     args = _inputs(2, 19, 8, 4)
     with torch.no_grad():
-        y0, h0 = selective_scan(*args)
-    y1, h1 = selective_scan(*[a.clone().requires_grad_() for a in args])
+        y0, h0 = selective_scan(*args, impl=impl)
+    y1, h1 = selective_scan(*[a.clone().requires_grad_() for a in args], impl=impl)
     assert torch.equal(y0, y1.detach()) and torch.equal(h0, h1.detach())
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("split", [1, 5, 16])
-def test_continuing_from_the_final_state_equals_one_scan(split):
+def test_continuing_from_the_final_state_equals_one_scan(split, impl):
     """Prefill in pieces (the state carried over) == the whole sequence at once."""
     x, delta, A, B, C, D, _ = _inputs(2, 23, 8, 4, with_h0=False)
-    y_all, h_all = selective_scan(x, delta, A, B, C, D)
-    y1, h1 = selective_scan(x[:, :split], delta[:, :split], A, B[:, :split], C[:, :split], D)
-    y2, h2 = selective_scan(x[:, split:], delta[:, split:], A, B[:, split:], C[:, split:], D, h1)
+    scan = _scan(impl)
+    y_all, h_all = scan(x, delta, A, B, C, D)
+    y1, h1 = scan(x[:, :split], delta[:, :split], A, B[:, :split], C[:, :split], D)
+    y2, h2 = scan(x[:, split:], delta[:, split:], A, B[:, split:], C[:, split:], D, h1)
     _close(torch.cat([y1, y2], 1), y_all, "y")
     _close(h2, h_all, "final state")
 
@@ -83,10 +148,11 @@ def test_step_equals_a_scan_of_one_and_updates_the_state_in_place():
     _close(h, h_scan, "state")
 
 
-def test_zero_delta_leaves_the_state_unchanged():
+@pytest.mark.parametrize("impl", IMPLS)
+def test_zero_delta_leaves_the_state_unchanged(impl):
     """Δ = 0 is how padding is skipped: Ā = 1 and B̄x = 0."""
     x, delta, A, B, C, D, h0 = _inputs(2, 6, 8, 4)
-    _, h = selective_scan(x, torch.zeros_like(delta), A, B, C, D, h0)
+    _, h = selective_scan(x, torch.zeros_like(delta), A, B, C, D, h0, impl=impl)
     assert torch.equal(h, h0)
 
 

@@ -26,6 +26,17 @@ def test_learning_rate_cosine_defaults_to_max_steps_and_needs_a_horizon():
         learning_rate(TrainConfig(lr_schedule="cosine", warmup_steps=2), 3, 32)
 
 
+def test_learning_rate_cosine_over_a_minutes_budget_follows_the_time_spent():
+    from attnlab.train.loop import decays_over_minutes
+    cfg = TrainConfig(lr_schedule="cosine", lr=1e-3, min_lr=0.0, warmup_steps=2, minutes=10.0)
+    assert decays_over_minutes(cfg) and not decays_over_minutes(TrainConfig(lr_schedule="cosine", minutes=1.0,
+                                                                            max_steps=5))
+    assert learning_rate(cfg, 7, 32, budget_fraction=0.5) == pytest.approx(0.5e-3)
+    assert learning_rate(cfg, 1, 32, budget_fraction=0.0) == pytest.approx(0.5e-3)  # warm-up: step 1 of 2
+    with pytest.raises(ValueError, match="fraction"):
+        learning_rate(cfg, 3, 32)
+
+
 @pytest.mark.parametrize("kwargs,field", [
     (dict(lr=1e-3, min_lr=2e-3), "min_lr"), (dict(grad_accum_steps=0), "grad_accum_steps"),
     (dict(warmup_steps=10, lr_decay_steps=10), "lr_decay_steps"), (dict(lr_schedule="linear"), "lr_schedule"),

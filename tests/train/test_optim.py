@@ -73,3 +73,16 @@ def test_cosine_lr_equals_hugging_face_shifted_by_one_step():
 def test_cosine_lr_bad_input_raises_naming_the_field(args, name):
     with pytest.raises(ValueError, match=f"^{name} must be"):
         cosine_lr(*args)
+
+
+# ----------------------------------------------------------------------------- cosine over a time budget
+def test_budget_cosine_lr_known_values():
+    from attnlab.train.optim import budget_cosine_lr
+    assert budget_cosine_lr(5, 0.0, LR, LOW, WARM) == pytest.approx(LR / 2)  # warm-up: step 5 of 10
+    assert budget_cosine_lr(20, 0.0, LR, LOW, WARM) == LR
+    assert budget_cosine_lr(20, 0.5, LR, LOW, WARM) == pytest.approx((LR + LOW) / 2)
+    assert budget_cosine_lr(20, 1.0, LR, LOW, WARM) == pytest.approx(LOW)
+    assert budget_cosine_lr(20, 3.0, LR, LOW, WARM) == pytest.approx(LOW)  # past the budget: the floor
+    assert budget_cosine_lr(1, 0.25, LR, 0.0, 0) == pytest.approx(LR * 0.5 * (1 + math.cos(math.pi / 4)))
+    with pytest.raises(ValueError, match="fraction"):
+        budget_cosine_lr(3, -0.1, LR, LOW, WARM)

@@ -4,16 +4,28 @@ import numpy as np
 import pytest
 
 from attnlab.recipes import get_recipe
-from attnlab.train.optim import cosine_lr, noam_lr
+from attnlab.train.optim import budget_cosine_lr, cosine_lr, noam_lr
 from attnlab.viz import schedule
 
 
-def test_noam_curve_is_optims_with_the_recipes_settings():
+def test_noam_curve_is_optims_with_the_recipes_settings(monkeypatch):
+    noam = get_recipe("multi30k-en-de").with_overrides(["lr_schedule=noam", "warmup_steps=400"])
+    monkeypatch.setattr(schedule, "get_recipe", lambda name: noam)
     c = schedule.lr_curve("multi30k-en-de")
-    cfg, d = get_recipe("multi30k-en-de").train, get_recipe("multi30k-en-de").model.d_model
+    cfg, d = noam.train, noam.model.d_model
     assert c.schedule == "noam" and c.warmup_steps == cfg.warmup_steps == 400
     np.testing.assert_array_equal(c.lr, [noam_lr(int(s), d, cfg.warmup_steps, cfg.lr_factor) for s in c.steps])
     assert c.peak == (400, pytest.approx(noam_lr(400, d, 400, cfg.lr_factor)))
+
+
+def test_a_cosine_over_the_minutes_budget_is_drawn_over_equal_steps():
+    """multi30k-en-de decays over its 10 minutes: drawn as if they held `steps` steps of equal length."""
+    c = schedule.lr_curve("multi30k-en-de", steps=500)
+    cfg = get_recipe("multi30k-en-de").train
+    assert c.schedule == "cosine" and c.warmup_steps == cfg.warmup_steps and len(c.steps) == 500
+    expected = [budget_cosine_lr(int(s), (int(s) - 1) / 500, cfg.lr, cfg.min_lr, cfg.warmup_steps) for s in c.steps]
+    np.testing.assert_allclose(c.lr, expected, rtol=1e-12)
+    assert c.settings["decay_steps"] == "10 min" and c.lr[-1] < 1e-2 * cfg.lr
 
 
 def test_cosine_curve_is_optims_with_the_recipes_settings():

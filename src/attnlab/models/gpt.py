@@ -283,12 +283,14 @@ _decoder_block(cfg) for _ in range(cfg.n_layers))
             mask = mask & attention_mask[:, None, None, key_start:offset + t].bool()  # (B, 1, T, S)
         return mask
 
-    def _positions(self, x: torch.Tensor, position_ids: torch.Tensor):
-        """Add absolute positions to x, or return RoPE's (cos, sin)."""
+    def _positions(self, x: torch.Tensor, position_ids: torch.Tensor, last: int | None = None):
+        """Add absolute positions to x, or return RoPE's (cos, sin). `last`: the largest position when
+        the caller knows it (no read of position_ids: no graph break under torch.compile)."""
         if self.cfg.positions == "rope":
             return x, self.rotary(position_ids, x.dtype)
-        if int(position_ids.max()) >= self.cfg.max_seq_len:
-            raise UserError(f"position {int(position_ids.max())} is past max_seq_len={self.cfg.max_seq_len} "
+        last = int(position_ids.max()) if last is None else last
+        if last >= self.cfg.max_seq_len:
+            raise UserError(f"position {last} is past max_seq_len={self.cfg.max_seq_len} "
                             f"({self.cfg.positions} positions have no row for it)")
         if self.cfg.positions == "learned":
             return x + self.embed_positions(position_ids), None
@@ -324,13 +326,15 @@ _decoder_block(cfg) for _ in range(cfg.n_layers))
             for cache in self.caches:
                 cache.reserve(t)
         key_start = self.caches[0].start if self.caches else 0
+        last = None
         if position_ids is None:
             position_ids = torch.arange(offset, offset + t, device=input_ids.device)[None].expand(b, t)
+            last = offset + t - 1
         # Plain causal attention over the whole input (training, evaluation, a first prefill): SDPA's
         # is_causal path, which never builds a T × T mask.
         is_causal = attention_mask is None and self.cfg.sliding_window is None and offset == 0 and t > 1
         mask = None if is_causal else self._mask(t, offset, key_start, attention_mask, input_ids.device)
-        x, rope = self._positions(self.embed_tokens(input_ids), position_ids)
+        x, rope = self._positions(self.embed_tokens(input_ids), position_ids, last)
         x = self.dropout(x)
         aux, attentions = x.new_zeros(()), [] if need_weights else None
         token_mask = None if attention_mask is None else attention_mask[:, -t:].bool()  # (B, T) real new tokens

@@ -102,10 +102,15 @@ class DecodeState:
         """Target tokens decoded so far (the position of the next one)."""
         return self.caches[0].length
 
-    def reorder(self, index: torch.Tensor) -> None:
-        """Keep batch rows `index` (B',) int64 (beam search: the surviving hypotheses)."""
-        self.src_mask = self.src_mask.index_select(0, index)
-        self.cross_kv = [(k.index_select(0, index), v.index_select(0, index)) for k, v in self.cross_kv]
+    def reorder(self, index: torch.Tensor, same_source: bool = False) -> None:
+        """Keep batch rows `index` (B',) int64 (beam search: the surviving hypotheses).
+
+        same_source: every row index[j] holds the same source as row j (beam search moving
+        hypotheses within their sentence's rows, B' = B), so the source side (src_mask, cross_kv)
+        stays as it is and only the self-attention caches are reordered."""
+        if not same_source:
+            self.src_mask = self.src_mask.index_select(0, index)
+            self.cross_kv = [(k.index_select(0, index), v.index_select(0, index)) for k, v in self.cross_kv]
         for cache in self.caches:
             cache.reorder(index)
 

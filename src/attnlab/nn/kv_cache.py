@@ -82,9 +82,17 @@ class KVCache:
             self.start = self.length - keep
 
     def reorder(self, index: torch.Tensor) -> None:
-        """Keep batch rows `index` (B',) int64, e.g. the surviving hypotheses of beam search."""
-        self.k = self.k.index_select(0, index)
-        self.v = self.v.index_select(0, index)
+        """Keep batch rows `index` (B',) int64, e.g. the surviving hypotheses of beam search.
+
+        Only the positions held so far are moved (beam search reorders at every step, mostly while
+        the cache is far from full); with B' <= B the rows stay in the same storage."""
+        held = self.length - self.start
+        for name in ("k", "v"):
+            old = getattr(self, name)
+            rows = old[:, :, :held].index_select(0, index)  # (B', K, held, Dh)
+            new = old[:index.numel()] if index.numel() <= old.size(0) else old.new_empty((index.numel(), *old.shape[1:]))
+            new[:, :, :held] = rows
+            setattr(self, name, new)
 
     def memory_bytes(self) -> int:
         """Bytes held by the cache tensors."""

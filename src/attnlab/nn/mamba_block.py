@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnlab.nn.causal_conv import causal_conv1d_silu
 from attnlab.nn.norm import RMSNorm
 from attnlab.nn.ssm import selective_scan, selective_step
 
@@ -120,23 +121,32 @@ class MambaBlock(nn.Module):
         keep = None if mask is None else mask[:, :, None].to(x.dtype)          # (B, T, 1)
         if keep is not None:
             x = x * keep
-        x = F.silu(self._conv(x.transpose(1, 2), state)).transpose(1, 2)       # (B, T, Di)
+        if state is None and keep is None:  # training, evaluation: the fused kernel where it builds
+            x = causal_conv1d_silu(x, self.conv1d.weight, self.conv1d.bias)        # (B, T, Di)
+        else:
+            x = F.silu(self._conv(x.transpose(1, 2), state)).transpose(1, 2)   # (B, T, Di)
         if keep is not None:
             x = x * keep
         dt, B, C = self.x_proj(x).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
-        delta = F.softplus(self.dt_proj(dt))                                   # (B, T, Di)
-        if keep is not None:
-            delta = delta * keep
         A = -torch.exp(self.A_log.float())                                     # (Di, N)
-        if state is not None and t == 1:
+        if state is not None and t == 1:  # decoding: one step of the recurrence
+            delta = F.softplus(self.dt_proj(dt))                               # (B, 1, Di)
+            if keep is not None:
+                delta = delta * keep
             y = selective_step(x[:, 0], delta[:, 0], A, B[:, 0], C[:, 0], self.D, state.ssm)[:, None]  # (B, 1, Di)
-        else:
-            y, h_last = selective_scan(x, delta, A, B, C, self.D, None if state is None else state.ssm)
+            y = y * F.silu(z)
+        else:  # the scan, with Δ = softplus(dt_proj(dt)), the skip D and the gate SiLU(z) fused into it
+            if keep is None:
+                delta, bias, softplus = F.linear(dt, self.dt_proj.weight), self.dt_proj.bias, True
+            else:  # padding: Δ = 0 there, set after the softplus
+                delta, bias, softplus = F.softplus(self.dt_proj(dt)) * keep, None, False
+            y, h_last = selective_scan(x, delta, A, B, C, self.D, None if state is None else state.ssm, z=z,
+                                       delta_bias=bias, delta_softplus=softplus)
             if state is not None:
                 state.ssm.copy_(h_last)
         if state is not None:
             state.length += t
-        return self.out_proj(y * F.silu(z))
+        return self.out_proj(y)
 
 
 class MambaLayer(nn.Module):

@@ -12,7 +12,9 @@ Two implementations of each formula:
              llama.cpp's scheme), compiled with torch.utils.cpp_extension at first use (about a minute,
              cached under ~/.cache/torch_extensions, one build per version of the sources) on x86-64
              CPUs with AVX512-VNNI and a C++ compiler. The same extension holds the fused decode step
-             (fused_decode.cpp, used by nn/fused_decode.py), which shares the int8 code (quant_kernel.h);
+             (fused_decode.cpp, used by nn/fused_decode.py), which shares the int8 code (quant_kernel.h),
+             and Mamba's selective scan and causal convolution (ssm_scan.cpp, causal_conv.cpp: nn/ssm.py,
+             nn/causal_conv.py);
     "torch"  the pure-PyTorch reference: dequantize W (in slices of rows) and call F.linear.
 The C++ kernel is used when it builds; otherwise (no compiler, another CPU, the build failed, or
 ATTNLAB_QUANT_KERNEL=torch) the fallback runs, with one warning on stderr saying why. Both agree up to
@@ -31,8 +33,9 @@ import torch.nn.functional as F
 from attnlab.errors import UserError
 from attnlab.nn.quant import BLOCK, QuantWeight, dequantize, quantize_activations
 
-SOURCES = [Path(__file__).with_name(n) for n in ("quant_kernel.cpp", "fused_decode.cpp")]
-HEADERS = [Path(__file__).with_name(n) for n in ("quant_kernel.h", "decode_matvec.h", "decode_ops.h")]
+SOURCES = [Path(__file__).with_name(n) for n in ("quant_kernel.cpp", "fused_decode.cpp", "ssm_scan.cpp",
+                                                  "causal_conv.cpp")]
+HEADERS = [Path(__file__).with_name(n) for n in ("quant_kernel.h", "decode_matvec.h", "decode_ops.h", "ssm_scan.h")]
 SCHEME_ID = {"q8_0": 0, "q4_0": 1, "q4_1": 2}
 # -ffp-contract=off: a · b + c rounds twice, as PyTorch's separate ops do (explicit FMA intrinsics stay FMA).
 # -fopenmp: at::parallel_for is an inline template that runs serially unless the extension itself is built
@@ -43,6 +46,7 @@ LDFLAGS = ["-fopenmp"]
 PREFILL_ROWS = 32    # from this many rows on, the bf16 GEMM route (module doc)
 FALLBACK_ROWS = 4096  # W rows dequantized at once by the fallback (bounds its fp32 temporary)
 _state: dict = {}
+ON_LOAD: list = []  # callables run once the extension has loaded (other ops' fake kernels: nn/ssm.py)
 
 
 def _cpu_has_vnni() -> bool:
@@ -78,6 +82,8 @@ def _build() -> str | None:
                            is_python_module=False, verbose=False)
         torch.library.register_fake("attnlab_quant::linear")(_fake)
         torch.library.register_fake("attnlab_quant::dequantize_bf16")(_fake_bf16)
+        for register in ON_LOAD:
+            register()
     except Exception as err:  # any build or load failure: fall back, saying why
         return f"building {SOURCES[0].name} failed ({type(err).__name__}: {str(err).splitlines()[0][:200]})"
     return None

@@ -2,9 +2,17 @@
 
 Sized for a 2-core CPU: a 10-minute run (`make demo`) and longer runs (`bench/translation.py`).
 Multi30k has 29k short sentence pairs (~13 words), so the model is smaller than the paper's base
-(d_model 512, 6+6 layers) and the warm-up shorter. The Noam learning rate is still high when a
-short budget ends, so the last 5 checkpoints (50 steps apart) are averaged, as the paper does (§6.1),
-and the average is kept when its validation BLEU is higher.
+(d_model 512, 6+6 layers). The settings are tuned for the short budget (10 minutes, ~370–530 steps)
+on the validation set at a fixed number of steps (bench/translation_sweep.py,
+bench/results/translation_sweep.jsonl; 373 steps, one seed): a warm-up of 200 steps to a peak of
+2e-3 and a cosine decay that reaches 0 as the minutes budget runs out (optim.budget_cosine_lr), and
+no dropout — a model this far from convergence is not over-fitting. Against the paper's schedule
+(Noam, warm-up 400, dropout 0.1, the last 5 checkpoints averaged) validation loss fell from 2.99 to
+2.84 and validation BLEU (all 1,014 sentences) rose from 22.17 to 24.99 greedy, 22.22 to 25.48 with
+beam 4 (the best average of Noam's checkpoints, the last 3, reached 24.43 greedy; the same cosine
+with dropout 0.1, 22.90). The cosine's last weights beat every average of its last checkpoints
+(24.89 to 23.37 for 2 to 5), so none are averaged. Longer runs set their own
+(bench/translation.py's 70-minute command in the README: Noam, dropout 0.2, averaging).
 """
 from __future__ import annotations
 
@@ -21,10 +29,10 @@ def recipe():
         name=NAME,
         description="Transformer En→De on Multi30k (test_2016_flickr), sacreBLEU",
         model=Seq2SeqConfig(d_model=256, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=1024,
-                            dropout=0.1, norm_position="pre", max_seq_len=256),
+                            dropout=0.0, norm_position="pre", max_seq_len=256),
         data=TranslationDataConfig(dataset="multi30k", src_lang="en", tgt_lang="de", tokenizer_vocab_size=8000,
                                    batch_tokens=3000, label_smoothing=0.1, eval_bleu_sentences=300, beam_size=4,
                                    length_penalty=0.6),
-        train=TrainConfig(lr_factor=1.0, warmup_steps=400, eval_every=250, checkpoint_every=50, average_last=5,
-                          minutes=10.0),
+        train=TrainConfig(lr_schedule="cosine", lr=2e-3, min_lr=0.0, warmup_steps=200, eval_every=250,
+                          checkpoint_every=50, average_last=0, minutes=10.0),
     )

@@ -34,8 +34,9 @@ def check_world(objective, model: Model, parallel: str) -> None:
 def fit(model: Model, objective: Objective, train_cfg: TrainConfig, out: Path, resume: bool,
         rate_key: str = "tokens_per_s") -> dict:
     """Train with the shared loop (resuming from out/checkpoint when asked) and return the final
-    record with "parameters", "steps" and the training rate under `rate_key` (units the objective's
-    loss counts: tokens, sentences or images per second). Under torchrun the model runs as
+    record with "parameters", "steps", the training rate under `rate_key` (units the objective's
+    loss counts: tokens, sentences or images per second) and "time_s", where the seconds went
+    (Trainer.time_spent). Under torchrun the model runs as
     train_cfg.parallel says (train/parallel.py). The Noam schedule reads the model's width,
     model.cfg.d_model (every model config has one).
 
@@ -52,4 +53,4 @@ def fit(model: Model, objective: Objective, train_cfg: TrainConfig, out: Path, r
     record = trainer.fit()
     s = trainer.state
     return {**record, "parameters": model.num_parameters(), "steps": s.step,
-            rate_key: round(s.tokens / max(s.elapsed_s, 1e-9), 1)}
+            rate_key: round(s.tokens / max(s.elapsed_s, 1e-9), 1), "time_s": trainer.time_spent()}

@@ -1,5 +1,5 @@
 """TrainConfig: what the training loop reads — optimiser, schedule, budgets, cadence of evaluations and
-checkpoints, precision, seed, threads and the multi-process strategy. The objective and the data (batch sizes, label smoothing,
+checkpoints, precision, compiling, seed, threads and the multi-process strategy. The objective and the data (batch sizes, label smoothing,
 what to decode at evaluation) belong to each task's data config (tasks/)."""
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ class TrainConfig(Config):
     lr: float = 5e-4                  # peak learning rate of the cosine and constant schedules
     min_lr: float = 0.0               # cosine: the learning rate after lr_decay_steps
     lr_decay_steps: Optional[int] = None  # cosine: the last step of the decay (min_lr comes one step after;
-                                      # None = max_steps)
+                                      # None = max_steps; with neither, the decay follows the time spent
+                                      # and reaches min_lr as the minutes budget runs out)
     warmup_steps: int = 4000          # linear warm-up steps (paper: 4000)
     grad_accum_steps: int = 1         # micro-batches whose gradients add up to one optimizer step
     beta1: float = 0.9                # Adam β1 (paper §5.3)
@@ -33,7 +34,13 @@ class TrainConfig(Config):
     log_every: int = 50               # steps between metrics.jsonl lines
     checkpoint_every: int = 500       # steps between resumable checkpoints
     average_last: int = 0             # average the weights of the last N checkpoints at the end (0 = off)
-    autocast: Literal["none", "bf16"] = "none"  # bf16 autocast for matmuls (CPU with AVX512-BF16)
+    autocast: Literal["none", "bf16"] = "none"  # bf16 autocast of the matrix products (CPU with AVX512-BF16;
+                                      # attention and the loss stay fp32: train/speed.py); none = fp32
+    compile: bool = False             # torch.compile the model for the training steps (inductor's CPU
+                                      # backend); its compile time counts in the budget; evaluation runs eager
+    optimizer_impl: Literal["for-loop", "foreach", "fused"] = "foreach"  # torch's Adam/AdamW kernels:
+                                      # one op per parameter, multi-tensor ops (the same numbers), or one
+                                      # fused kernel (the same maths, rounded once per step: ~1 ulp apart)
     seed: int = 0                     # seeds the data order, initialisation and dropout
     threads: int = 0                  # torch threads; 0 = all cores (one per process under torchrun)
     parallel: Literal["ddp", "fsdp"] = "ddp"  # with several processes (torchrun): DistributedDataParallel

@@ -18,7 +18,6 @@ signal, the time budget, an evaluation's result, a non-finite loss) is taken onc
 """
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import logging
@@ -38,37 +37,50 @@ from attnlab.train.checkpoint import load_training_state, save_training_state, s
 from attnlab.train.config import TrainConfig
 from attnlab.train.end_of_run import finish
 from attnlab.train.guards import StopSignals, TrainingInterrupted, check_finite_weights
-from attnlab.train.optim import build_optimizer, cosine_lr, noam_lr, set_lr
+from attnlab.train.optim import budget_cosine_lr, build_optimizer, cosine_lr, noam_lr, set_lr
 from attnlab.train.parallel import OneProcess
 from attnlab.train.run_dir import CHECKPOINT_DIR, align_with_checkpoint, take_snapshot
 from attnlab.train.objective import Objective
+from attnlab.train.speed import autocast_context, compile_for_training, eager
 from attnlab.train.state import TrainState
 
 log = logging.getLogger("attnlab")
 
 
-def learning_rate(cfg: TrainConfig, step: int, d_model: int) -> float:
-    """The learning rate of (1-based) `step` under cfg's schedule."""
+def decays_over_minutes(cfg: TrainConfig) -> bool:
+    """Whether cfg's learning rate follows the time spent: a cosine schedule with no step horizon
+    (lr_decay_steps, max_steps) and a minutes budget."""
+    return cfg.lr_schedule == "cosine" and cfg.lr_decay_steps is None and cfg.max_steps is None \
+        and cfg.minutes is not None
+
+
+def learning_rate(cfg: TrainConfig, step: int, d_model: int, budget_fraction: float | None = None) -> float:
+    """The learning rate of (1-based) `step` under cfg's schedule; budget_fraction is the part of
+    the minutes budget spent, which a cosine schedule with no step horizon decays over
+    (decays_over_minutes; optim.budget_cosine_lr).
+
+    Raises:
+        UserError: for a cosine schedule with no horizon (lr_decay_steps, max_steps, minutes).
+        ValueError: for one that decays over minutes when budget_fraction is not given.
+    """
     if cfg.lr_schedule == "noam":
         return noam_lr(step, d_model, cfg.warmup_steps, cfg.lr_factor)
     if cfg.lr_schedule == "cosine":
         decay_steps = cfg.lr_decay_steps or cfg.max_steps
-        if decay_steps is None:
-            raise UserError("lr_schedule 'cosine' needs lr_decay_steps or a step budget (max_steps)")
-        return cosine_lr(step, cfg.lr, cfg.min_lr, cfg.warmup_steps, decay_steps)
+        if decay_steps is not None:
+            return cosine_lr(step, cfg.lr, cfg.min_lr, cfg.warmup_steps, decay_steps)
+        if cfg.minutes is None:
+            raise UserError("lr_schedule 'cosine' needs lr_decay_steps or a budget (max_steps or minutes)")
+        if budget_fraction is None:
+            raise ValueError("lr_schedule 'cosine' over a minutes budget needs the fraction of it spent")
+        return budget_cosine_lr(step, budget_fraction, cfg.lr, cfg.min_lr, cfg.warmup_steps)
     return cfg.lr * min(1.0, step / cfg.warmup_steps)
-
-
-def autocast_context(kind: str):
-    """bf16 autocast on the CPU (kind "bf16") or nothing (kind "none")."""
-    if kind == "bf16":
-        return torch.autocast("cpu", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
 
 
 def optimizer_factory(cfg: TrainConfig):
     """model -> the optimizer of cfg for it (its learning rate is set at each step)."""
-    return lambda model: build_optimizer(model, 0.0, (cfg.beta1, cfg.beta2), cfg.eps, cfg.weight_decay)
+    return lambda model: build_optimizer(model, 0.0, (cfg.beta1, cfg.beta2), cfg.eps, cfg.weight_decay,
+                                         cfg.optimizer_impl)
 
 
 class Trainer:
@@ -85,6 +97,7 @@ class Trainer:
     def __init__(self, model: torch.nn.Module, objective: Objective, cfg: TrainConfig, out: Path, d_model: int,
                  strategy=None):
         self.objective, self.cfg, self.out, self.d_model = objective, cfg, Path(out), d_model
+        compile_for_training(model, cfg.compile)
         self.strategy = strategy or OneProcess(model, objective, optimizer_factory(cfg))
         self.model = self.strategy.model          # the plain model: evaluated and saved
         self.optimizer = self.strategy.optimizer  # its optimizer: saved in checkpoints
@@ -153,13 +166,16 @@ class Trainer:
         return cfg.minutes is None or distributed.from_main(self.elapsed() < cfg.minutes * 60)
 
     def _evaluate(self, **extra) -> dict:
-        """Validate, log the record (with `extra` fields) and keep the weights if they are the best.
-        Rank 0 evaluates the plain model once and writes; the others receive its numbers."""
+        """Validate, log the record (with `extra` fields and "eval_s", the seconds it took) and keep
+        the weights if they are the best. Rank 0 evaluates the plain model once and writes; the
+        others receive its numbers. The seconds add up in state.spent_s ("average" for the
+        averaged weights' evaluation, else "evaluate")."""
+        t0 = time.perf_counter()
         self.strategy.gather()
         metrics = None
         if self.main:
             self.model.eval()
-            with torch.no_grad(), autocast_context(self.cfg.autocast):
+            with torch.no_grad(), autocast_context(self.cfg.autocast), eager():
                 metrics = self.objective.evaluate(self.model)
             self.model.train()
         metrics = distributed.from_main(metrics)
@@ -171,8 +187,10 @@ class Trainer:
             if self.main:
                 save_weights(self.model, self.out / "model.safetensors")
             s.best, s.best_step = value, s.step
+        seconds = time.perf_counter() - t0
+        s.spent_s["average" if "averaged" in extra else "evaluate"] += seconds
         record = {"step": s.step, "epoch": s.epoch, "elapsed_s": round(self.elapsed(), 1), **metrics,
-                  **extra, "best": s.best}
+                  **extra, "best": s.best, "eval_s": round(seconds, 2)}
         self.log(record)
         s.last_eval = record
         return record
@@ -201,7 +219,10 @@ class Trainer:
         """
         s, cfg, strategy = self.state, self.cfg, self.strategy
         optimizer, module = strategy.step_optimizer, strategy.train_module
-        lr = learning_rate(cfg, s.step + 1, self.d_model)
+        fraction = None
+        if decays_over_minutes(cfg):  # the same for every process: rank 0's clock
+            fraction = distributed.from_main(self.elapsed() / (cfg.minutes * 60))
+        lr = learning_rate(cfg, s.step + 1, self.d_model, fraction)
         set_lr(optimizer, lr)
         optimizer.zero_grad(set_to_none=True)
         strategy.release()  # the trained state changes: FSDP's rank 0 drops its full copy
@@ -222,11 +243,10 @@ class Trainer:
             self._diverged(total)
         n_tokens = int(n_tokens)
         scale = 1.0 / max(n_tokens, 1)
-        for p in module.parameters():
-            if p.grad is not None:
-                p.grad.mul_(scale)
+        grads = [p.grad for p in module.parameters() if p.grad is not None]
+        torch._foreach_mul_(grads, scale)  # one call for every gradient
         if cfg.clip_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(module.parameters(), cfg.clip_grad_norm)
+            torch.nn.utils.clip_grad_norm_(module.parameters(), cfg.clip_grad_norm, foreach=True)
         optimizer.step()
         check_finite_weights(module, s.step + 1, agree=lambda ok: not distributed.any_true(not ok))
         s.step += 1
@@ -318,6 +338,17 @@ class Trainer:
         return distributed.any_true(self.signals.signum is not None)
 
     def _save(self, snapshot: bool = False) -> None:
+        """Write a checkpoint; its seconds are counted in state.spent_s["checkpoint"] from the next
+        checkpoint on (a checkpoint cannot hold its own duration) and in elapsed_s."""
+        t0 = time.perf_counter()
         self.state.elapsed_s = self.elapsed()
-        self._clock = time.perf_counter()
+        self._clock = t0
         self.checkpoint(snapshot)
+        self.state.spent_s["checkpoint"] += time.perf_counter() - t0
+
+    def time_spent(self) -> dict:
+        """Where the training seconds (elapsed_s) went: "train_steps" (the optimizer steps, data and
+        logging included), "evaluate" (validations), "checkpoint" (writing checkpoints and
+        snapshots), "average" (evaluating the average of the last snapshots)."""
+        spent = {k: round(v, 1) for k, v in self.state.spent_s.items()}
+        return {"train_steps": round(self.elapsed() - sum(self.state.spent_s.values()), 1), **spent}

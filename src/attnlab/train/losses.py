@@ -41,7 +41,9 @@ def label_smoothed_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, eps
     keep = labels != ignore_index
     if pad_id is not None:
         keep &= labels != pad_id
-    logits, labels = logits[keep], labels[keep]
+    n = int(keep.sum())
+    if n < keep.numel():  # a copy of the (N, V) logits only when some position does not count
+        logits, labels = logits[keep], labels[keep]
     logp = F.log_softmax(logits.float(), dim=-1)  # (N, V)
     nll = -logp.gather(1, labels[:, None]).squeeze(1)  # (N,)
     if epsilon > 0:
@@ -54,4 +56,4 @@ def label_smoothed_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, eps
         loss = nll
     if reduction == "sum":
         return loss.sum()
-    return loss.sum() / max(int(keep.sum()), 1)
+    return loss.sum() / max(n, 1)

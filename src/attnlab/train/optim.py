@@ -61,19 +61,58 @@ def cosine_lr(step: int, lr: float, min_lr: float, warmup_steps: int, decay_step
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (lr - min_lr)
 
 
+def budget_cosine_lr(step: int, fraction: float, lr: float, min_lr: float, warmup_steps: int) -> float:
+    """A cosine decay over the fraction of a time budget spent, with a linear warm-up over steps:
+
+        lr(n, f) = min(1, n / W) · (min_lr + ½ · (1 + cos(π · min(f, 1))) · (lr − min_lr))
+
+    so the learning rate reaches min_lr when the budget runs out, whatever the number of steps that
+    fit in it (a wall-clock budget: the Budgeted Training schedules of Li et al. 2020, §4, and the
+    time-based one-cycle schedule of Geiping & Goldstein 2022, "Cramming", §4.3).
+
+    Args:
+        step: the 1-based optimiser step n. fraction: f >= 0, the part of the budget spent before
+            this step. lr: the peak. min_lr: the floor. warmup_steps: W >= 0.
+    Raises:
+        ValueError: when step < 1, fraction < 0 or warmup_steps < 0.
+    """
+    if step < 1:
+        raise ValueError(f"step must be >= 1 (optimiser steps count from 1), got {step}")
+    if fraction < 0:
+        raise ValueError(f"fraction must be >= 0, got {fraction}")
+    if warmup_steps < 0:
+        raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+    warm = min(1.0, step / warmup_steps) if warmup_steps else 1.0
+    return warm * (min_lr + 0.5 * (1.0 + math.cos(math.pi * min(fraction, 1.0))) * (lr - min_lr))
+
+
+OPTIMIZER_IMPLS = ("for-loop", "foreach", "fused")
+
+
 def build_optimizer(model: nn.Module, lr: float, betas: tuple[float, float], eps: float,
-                    weight_decay: float = 0.0) -> torch.optim.Optimizer:
+                    weight_decay: float = 0.0, impl: str = "foreach") -> torch.optim.Optimizer:
     """Adam (weight_decay 0, the paper's) or AdamW in two groups: decay on every matrix (linear
     weights and embeddings), none on biases, norm gains and parameters marked `_no_weight_decay`
     (Mamba's A_log and D, as its reference code) (Loshchilov & Hutter 2019; the grouping of
-    GPT-2/nanoGPT)."""
+    GPT-2/nanoGPT).
+
+    Args:
+        impl: torch's implementation of the update: "for-loop" (one op per parameter: torch's
+            default on the CPU), "foreach" (multi-tensor ops: the same numbers, fewer calls) or
+            "fused" (one kernel per step: the same maths, rounded differently, ~1 ulp).
+    Raises:
+        ValueError: for an unknown impl.
+    """
+    if impl not in OPTIMIZER_IMPLS:
+        raise UserError(f"optimizer_impl must be one of {', '.join(OPTIMIZER_IMPLS)}, got {impl!r}", param="impl")
+    kind = {"for-loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}[impl]
     if weight_decay == 0:
-        return torch.optim.Adam(model.parameters(), lr=lr, betas=betas, eps=eps)
+        return torch.optim.Adam(model.parameters(), lr=lr, betas=betas, eps=eps, **kind)
     decay, no_decay = [], []
     for p in model.parameters():
         (decay if p.dim() >= 2 and not getattr(p, "_no_weight_decay", False) else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps)
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, **kind)
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:

@@ -13,6 +13,7 @@ from typing import Optional
 from attnlab.errors import UserError
 
 END_STAGES = (None, "evaluated", "done")
+SPENT_KINDS = ("evaluate", "checkpoint", "average")  # where training seconds go besides optimizer steps
 
 
 @dataclass
@@ -34,6 +35,9 @@ class TrainState:
                                    # after); None: an older checkpoint's, metrics.jsonl is kept whole
     end: Optional[str] = None      # the end-of-run stage reached (END_STAGES): None (training), "evaluated"
                                    # (final evaluation and checkpoint done), "done" (the run is finished)
+    spent_s: dict = field(default_factory=lambda: dict.fromkeys(SPENT_KINDS, 0.0))  # of elapsed_s, the
+                                   # seconds of each of SPENT_KINDS (the rest is optimizer steps); older
+                                   # checkpoints start them at 0
     optimizer: Optional[dict] = None  # read from disk only: {"param_groups", "n_states"}, the optimizer's
                                    # settings per group (the checkpoint writes them from the optimizer)
 
@@ -58,7 +62,7 @@ def _check(ok: bool, path: Path, field: str, allowed: str, value) -> None:
 def validate_state(state: dict, path: Path) -> TrainState:
     """state.json's content checked and completed with the defaults of older checkpoints
     (snapshots None: taken from the files; metrics_bytes None: metrics.jsonl is kept whole; end:
-    "done" when the last evaluation is of the last step). Keys no field has are ignored.
+    "done" when the last evaluation is of the last step; spent_s all 0). Keys no field has are ignored.
 
     Raises:
         UserError: naming `path` and the field that is missing, of the wrong type or out of range.
@@ -85,6 +89,10 @@ def validate_state(state: dict, path: Path) -> TrainState:
            f"a list of increasing steps in 0..{step}", snaps)
     size = state.get("metrics_bytes")
     _check(size is None or (_is_int(size) and size >= 0), path, "metrics_bytes", "an int >= 0", size)
+    spent = state.get("spent_s", dict.fromkeys(SPENT_KINDS, 0.0))
+    _check(isinstance(spent, dict) and set(spent) == set(SPENT_KINDS)
+           and all(_is_number(v) and v >= 0 for v in spent.values()), path, "spent_s",
+           'an object of "evaluate", "checkpoint", "average" seconds >= 0', spent)
     if "end" not in state:  # a checkpoint from before the end-of-run stages were recorded
         state["end"] = "done" if last is not None and last["step"] == step else None
     _check(state["end"] in END_STAGES, path, "end", f"one of {END_STAGES}", state["end"])
@@ -94,7 +102,8 @@ def validate_state(state: dict, path: Path) -> TrainState:
                    for g in opt["param_groups"]), path, "optimizer",
            'an object with "param_groups" (each with its "params") and "n_states"', opt)
     known = {f.name for f in dataclasses.fields(TrainState)}
-    return TrainState(**{"snapshots": None, "metrics_bytes": None, **{k: v for k, v in state.items() if k in known}})
+    return TrainState(**{"snapshots": None, "metrics_bytes": None, **{k: v for k, v in state.items() if k in known},
+                         "spent_s": dict(spent)})
 
 
 def check_param_groups(saved: list[dict], current: list[dict], path: Path) -> None:

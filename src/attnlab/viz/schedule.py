@@ -14,7 +14,7 @@ import torch
 
 from attnlab.errors import UserError
 from attnlab.train.losses import label_smoothed_cross_entropy
-from attnlab.train.loop import learning_rate
+from attnlab.train.loop import decays_over_minutes, learning_rate
 from attnlab.viz.figure import finish, new_figure
 from attnlab.viz.sources import get_recipe
 
@@ -56,18 +56,20 @@ class ScheduleResult:
 
 def lr_curve(recipe_name: str, steps: int | None = None) -> LRCurve:
     """The learning rate of every step of a recipe (steps: default its step budget or decay end, else
-    8 × warm-up)."""
+    8 × warm-up). A schedule that decays over a minutes budget (train/loop.decays_over_minutes) is
+    drawn as if the budget held `steps` steps of equal duration (default 8 × warm-up)."""
     recipe = get_recipe(recipe_name)
     cfg = recipe.train
     total = steps or cfg.max_steps or cfg.lr_decay_steps or 8 * cfg.warmup_steps
     d_model = recipe.model.d_model
     grid = np.arange(1, total + 1)
-    lr = np.array([learning_rate(cfg, int(s), d_model) for s in grid])
+    by_time = decays_over_minutes(cfg)
+    lr = np.array([learning_rate(cfg, int(s), d_model, (s - 1) / total if by_time else None) for s in grid])
     if cfg.lr_schedule == "noam":
         settings = {"d_model": d_model, "warmup_steps": cfg.warmup_steps, "lr_factor": cfg.lr_factor}
     else:
         settings = {"lr": cfg.lr, "min_lr": cfg.min_lr, "warmup_steps": cfg.warmup_steps,
-                    "decay_steps": cfg.lr_decay_steps or cfg.max_steps}
+                    "decay_steps": f"{cfg.minutes:g} min" if by_time else cfg.lr_decay_steps or cfg.max_steps}
     return LRCurve(recipe.name, cfg.lr_schedule, grid, lr, cfg.warmup_steps, settings)
 
 
@@ -106,7 +108,8 @@ def draw_schedule(r: ScheduleResult, out) -> None:
         ax.set_ylabel("learning rate")
         formula = "noam: d^-0.5·min(s^-0.5, s·w^-1.5)" if c.schedule == "noam" else f"{c.schedule}"
         ax.set_title(f"{c.recipe} ({formula})", fontsize=9)
-        ax.legend(fontsize=7, title=", ".join(f"{k} {v:g}" for k, v in c.settings.items()), title_fontsize=7)
+        ax.legend(fontsize=7, title=", ".join(f"{k} {v:g}" if isinstance(v, (int, float)) else f"{k} {v}"
+                                              for k, v in c.settings.items()), title_fontsize=7)
         ax.grid(alpha=0.3)
     ax = axes[-1]
     x = np.arange(len(r.one_hot))

@@ -1,0 +1,172 @@
+"""Benchmark: ways to run one training step, side by side on the same batches, for each family.
+
+Every candidate is a set of TrainConfig fields (train/speed.py) and runs the loop's own step
+(train/loop.py Trainer._train_step: forward, backward, token-weighted scaling, clipping, the
+optimizer, the finiteness guard) on the recipe's model, data and batches:
+
+    fp32           the reference: fp32, eager, for-loop AdamW (torch's CPU default)
+    foreach        multi-tensor AdamW (the same numbers)
+    fused          fused AdamW (one kernel per step)
+    bf16           bf16 autocast of the matrix products, fused AdamW
+    compile        torch.compile of the model (inductor), fused AdamW
+    compile_bf16   both
+
+Each candidate starts from the same initial weights; its first steps (which include compiling)
+are timed apart, then the candidates take turns, `--steps` steps each per round for `--rounds`
+rounds (the order rotates), so a drift of the machine's speed touches them alike. Prints one JSON
+line per run: per recipe and candidate the median ms per step, its ratio to fp32 (speed-up),
+the first steps' extra seconds (compile time: inductor's cache starts empty unless
+--warm-compile-cache), the steps after which compiling has paid for itself (against the same
+settings eager) and the steps each fits in 10 minutes, the loss after the timed steps; and the host
+(lscpu, threads, measured fp32 matmul GFLOP/s and bandwidth, a bf16 against fp32 GEMM probe at
+the step's shapes and square ones, attention forward + backward in both).
+
+    python bench/train_step.py [--recipes shakespeare-char ...] [--candidates fp32 bf16 ...]
+                               [--steps 4] [--rounds 6] [--threads 2]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from _common import host
+
+from attnlab.recipes import get_recipe
+from attnlab.tasks.base import RunSpec
+from attnlab.tasks.registry import task_of_recipe
+from attnlab.train.loop import Trainer
+
+BASE = {"compile": "fused", "compile_bf16": "bf16"}  # what compiling is weighed against (the same, eager)
+CANDIDATES = {
+    "fp32": {"autocast": "none", "compile": False, "optimizer_impl": "for-loop"},
+    "foreach": {"autocast": "none", "compile": False, "optimizer_impl": "foreach"},
+    "fused": {"autocast": "none", "compile": False, "optimizer_impl": "fused"},
+    "bf16": {"autocast": "bf16", "compile": False, "optimizer_impl": "fused"},
+    "compile": {"autocast": "none", "compile": True, "optimizer_impl": "fused"},
+    "compile_bf16": {"autocast": "bf16", "compile": True, "optimizer_impl": "fused"},
+}
+DEFAULT_RECIPES = ["shakespeare-char", "shakespeare-char-llama", "shakespeare-char-mamba", "multi30k-en-de",
+                   "digits-vit", "bert-mlm"]
+WARMUP = 3  # first steps timed apart (the compile happens in the first one)
+
+
+def best_ms(fn, repeats: int = 10) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best * 1e3
+
+
+def gemm_probe(rows: int, d_model: int, d_ff: int) -> dict:
+    """GFLOP/s of fp32 and bf16 matrix products: square 1024 and 2048 (machine_peaks.py's way) and
+    the step's (rows × d_model) · (d_model × d_ff) and (rows × d_ff) · (d_ff × d_model)."""
+    out = {}
+    for m, k, n in [(1024, 1024, 1024), (2048, 2048, 2048), (rows, d_model, d_ff), (rows, d_ff, d_model)]:
+        row = {}
+        for dtype in (torch.float32, torch.bfloat16):
+            a, b = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
+            row[str(dtype).removeprefix("torch.")] = round(2 * m * k * n / best_ms(lambda: a @ b) / 1e6, 1)
+        row["bf16_over_fp32"] = round(row["bfloat16"] / row["float32"], 2)
+        out[f"{m}x{k}x{n}"] = row
+    return out
+
+
+def attention_probe(batch: int, heads: int, length: int, head_dim: int) -> dict:
+    """ms of causal SDPA forward + backward at the step's shape, fp32 and bf16 (why attention stays
+    fp32 under autocast: nn/attention.py)."""
+    out = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        q, k, v = (torch.randn(batch, heads, length, head_dim, dtype=dtype, requires_grad=True) for _ in range(3))
+        out[str(dtype).removeprefix("torch.")] = round(best_ms(
+            lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()), 3)
+    return {"shape": [batch, heads, length, head_dim], "ms_forward_backward": out}
+
+
+def trainers(name: str, candidates: list[str], root: Path) -> tuple[dict, list]:
+    """One Trainer per candidate on recipe `name` (same data, same initial weights), and the batches."""
+    recipe = get_recipe(name)
+    task = task_of_recipe(recipe)
+    spec = RunSpec(root / "prepare", False, recipe.name, recipe.model, recipe.data, recipe.train, None)
+    prepared = task.prepare(spec)
+    torch.manual_seed(recipe.train.seed)
+    initial = task.build_model(prepared.model_cfg).state_dict()
+    out = {}
+    for c in candidates:
+        cfg = recipe.train.from_dict({**recipe.train.to_dict(), **CANDIDATES[c]})
+        model = task.build_model(prepared.model_cfg)
+        model.load_state_dict(initial)
+        d_model = getattr(prepared.model_cfg, "d_model", 1)
+        out[c] = Trainer(model, prepared.objective, cfg, root / c, d_model)
+    group = recipe.train.grad_accum_steps
+    batches = prepared.objective.batches(0)
+    return out, [batches[i:i + group] for i in range(0, group * (WARMUP + 32), group)]
+
+
+def bench_recipe(name: str, candidates: list[str], steps: int, rounds: int) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        runs, windows = trainers(name, candidates, Path(tmp))
+        first, times, losses, counts = {}, {c: [] for c in candidates}, {}, {}
+        for c, trainer in runs.items():
+            start = time.perf_counter()
+            for w in windows[:WARMUP]:
+                trainer._train_step(w)
+            first[c] = time.perf_counter() - start
+        for r in range(rounds):
+            order = candidates[r % len(candidates):] + candidates[:r % len(candidates)]
+            for c in order:
+                for i in range(steps):
+                    w = windows[WARMUP + (r * steps + i) % (len(windows) - WARMUP)]
+                    start = time.perf_counter()
+                    losses[c], counts[c] = runs[c]._train_step(w)
+                    times[c].append(time.perf_counter() - start)
+    ms = {c: statistics.median(t) * 1e3 for c, t in times.items()}
+    ref = ms.get("fp32", ms[candidates[0]])
+    rows = {}
+    for c in candidates:
+        extra = max(0.0, first[c] - WARMUP * ms[c] / 1e3)  # what the first steps cost beyond ordinary steps
+        rows[c] = {"ms_per_step": round(ms[c], 2), "speedup_vs_fp32": round(ref / ms[c], 3),
+                   "first_steps_extra_s": round(extra, 1), "steps_in_10_min": int((600 - extra) / (ms[c] / 1e3)),
+                   "loss_after_timed_steps": round(losses[c], 4), "units_per_step": counts[c]}
+        base = BASE.get(c)
+        if base in ms:  # compiling pays for itself after this many steps, against the same settings eager
+            gain = (ms[base] - ms[c]) / 1e3
+            rows[c]["compile_pays_off_after_steps"] = int(extra / gain) if gain > 0 else None
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--recipes", nargs="+", default=DEFAULT_RECIPES)
+    ap.add_argument("--candidates", nargs="+", default=list(CANDIDATES), choices=list(CANDIDATES))
+    ap.add_argument("--steps", type=int, default=4, help="steps per candidate per round")
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--no-probes", action="store_true", help="skip the GEMM and attention probes")
+    ap.add_argument("--warm-compile-cache", action="store_true",
+                    help="keep inductor's compiled-kernel cache (default: a fresh one, the compile time of a first run)")
+    args = ap.parse_args()
+    if not args.warm_compile_cache:
+        cache = tempfile.TemporaryDirectory(prefix="inductor-")  # removed at exit
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache.name
+    torch.set_num_threads(args.threads)
+    record = {"bench": "train_step", "host": host(args.threads), "steps_per_round": args.steps,
+              "rounds": args.rounds, "compile_cache": "warm" if args.warm_compile_cache else "cold"}
+    if not args.no_probes:
+        record["gemm_gflops"] = gemm_probe(768, 128, 512)
+        record["attention"] = attention_probe(12, 4, 64, 32)
+    record["results"] = {name: bench_recipe(name, args.candidates, args.steps, args.rounds) for name in args.recipes}
+    print(json.dumps(record))
+
+
+if __name__ == "__main__":
+    main()
