@@ -23,6 +23,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from attnlab.errors import UserError
 ENV = "ATTNLAB_CPU_TUNING"  # "intel" / "amd": use that kind's row whatever this CPU is
 
 
@@ -60,7 +61,7 @@ def kind(info: dict | None = None) -> str:
     forced = os.environ.get(ENV, "")
     if forced:
         if forced not in ROWS:
-            raise ValueError(f"{ENV}={forced!r}: must be one of {', '.join(ROWS)}")
+            raise UserError(f"{ENV}={forced!r}: must be one of {', '.join(ROWS)}")
         return forced
     return "amd" if (info or cpu_info())["vendor"] == "AuthenticAMD" else "intel"
 
