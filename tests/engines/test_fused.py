@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import attnlab.engines.fused as fused_engine
 import attnlab.nn.fused_decode as fused_decode
 from attnlab.engines import FusedEngine, ReferenceEngine, choose_engine, engine_name
 from attnlab.engines.fused import QUANT_BOUND
@@ -21,7 +22,7 @@ from attnlab.generate import generate
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.nn.fused_decode import FusedDecoder
 from attnlab.nn.kv_cache import KVCache
-from attnlab.nn.quant_kernel import kernel
+from attnlab.nn.quant_kernel import get_tuning, kernel, set_tuning
 from attnlab.nn.quant_linear import set_dtype
 from tests.conftest import spread_weights
 from tests.engines.test_reference import prompts, tiny_mamba
@@ -103,12 +104,37 @@ def test_batched_step_is_each_sequence_alone_bit_for_bit(dtype):
     for row, prompt in enumerate(batch):
         alone, reference = FusedEngine(model, 1, 310), ReferenceEngine(model, 1, 310)
         first = alone.prefill([0], [prompt])[0]
-        assert torch.equal(first, reference.prefill([0], [prompt])[0])  # the same PyTorch prefill
+        assert torch.equal(first, logits[0][row])  # prefilled alone or beside others: the same bits
+        assert_close(first, reference.prefill([0], [prompt])[0], dtype)
         for step in range(4):
             token = [tokens[step][row]]
             one = alone.step([0], token)[0]
             assert torch.equal(logits[step + 1][row], one)
             assert_close(one, reference.step([0], token)[0], dtype)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "q4_1"])
+def test_prefill_chunks_give_the_same_bits_whatever_their_size(dtype, monkeypatch):
+    model = tiny(dtype)
+    prompt = prompts((300,))[0]
+    whole = FusedEngine(model, 1, 310)
+    first = whole.prefill([0], [prompt])
+    monkeypatch.setattr(fused_engine, "PREFILL_CHUNK", 7)
+    chunked = FusedEngine(model, 1, 310)
+    assert torch.equal(chunked.prefill([0], [prompt]), first)
+    held = whole.caches.held(0)
+    assert all(torch.equal(a[0, :, :held], b[0, :, :held]) for a, b in zip(whole.caches.k, chunked.caches.k))
+    assert torch.equal(whole.step([0], [3]), chunked.step([0], [3]))
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "q8_0"])
+def test_prefill_of_a_rolling_cache_equals_the_reference(dtype):
+    model = tiny(dtype, preset="mistral", sliding_window=8, max_seq_len=64)
+    prompt = prompts((40,))[0]  # a capacity-16 cache rolls during the prefill
+    fused, reference = FusedEngine(model, 1, 64), ReferenceEngine(model, 1, 64)
+    assert_close(fused.prefill([0], [prompt]), reference.prefill([0], [prompt]), dtype)
+    for t in (5, 6, 7):
+        assert_close(fused.step([0], [t]), reference.step([0], [t]), dtype)
 
 
 @pytest.mark.parametrize("tied", [True, False])
@@ -195,3 +221,22 @@ def test_contract_errors_and_slot_reuse():
     assert torch.equal(again, fresh.prefill([0], [[9]]))
     assert torch.equal(engine.step([0, 1], [3, 4])[0], fresh.step([0], [3])[0])
     assert engine.length(0) == 2 and engine.length(1) == 4
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "q4_1"])
+def test_the_step_gives_the_same_bits_on_one_thread_and_on_two_in_either_threading_form(dtype):
+    model = tiny(dtype)
+    batch = prompts((3, 9, 40))
+    before, tuning = torch.get_num_threads(), get_tuning()
+    out = []
+    try:
+        for threads, one_region in ((1, 1), (2, 1), (2, 0)):
+            torch.set_num_threads(threads)
+            set_tuning(parallel_bytes=64, one_region=one_region)  # split even these tiny products
+            engine = FusedEngine(model, 3, 64)
+            engine.prefill(range(3), batch)
+            out.append(torch.stack([engine.step(range(3), [5, 6, 7]) for _ in range(3)]))
+    finally:
+        torch.set_num_threads(before)
+        set_tuning(**tuning)
+    assert torch.equal(out[0], out[1]) and torch.equal(out[0], out[2])

@@ -9,17 +9,20 @@ each matrix its own kind), and the C++ extension built here (x86-64 with AVX512-
 nn/quant_kernel.py). Anything else (GPT-2 style, MoE, bf16, Mamba, another device) is the
 reference engine's (engines/reference.py); choose.py picks.
 
-    prefill   the model's own forward into the slot's caches, as the reference engine (prompts
-              are compute-bound products: BLAS / oneDNN GEMMs).
+    prefill   each prompt through the same C++ step in chunks of up to PREFILL_CHUNK tokens: a chunk
+              is N entries of one cache row at consecutive slots and positions, each attending to
+              the ones before it (causal), the logits of its last token only. The chunk's rows share
+              every weight tile (the products are compute-bound there).
     step      N new tokens of N slots of any lengths in one C++ call that reads and writes the same
               per-slot caches (engines/slots.py): each sequence's keys at its own slot, its own
               position, its own visible range (a sliding window).
 
 Exactness (tests/engines/test_fused.py): a sequence's logits do not depend on the other sequences
 of the step (bit for bit: each output is summed in one order whatever N and the threads); against
-the reference they agree within 1e-5 of the largest logit in fp32, and within QUANT_BOUND quantized
-(int8 activations: attention's fp32 summation order can move an activation across an int8 rounding
-boundary; nn/fused_decode.py).
+the reference they agree within 1e-5 of the largest logit in fp32, and within QUANT_BOUND quantized:
+in decoding, attention's fp32 summation order can move an activation across an int8 rounding
+boundary (nn/fused_decode.py); in prefill the chunk's activations are int8 too, where the reference's
+products of 32 rows and more are bf16 (nn/quant_kernel.py), two roundings of similar size.
 """
 from __future__ import annotations
 
@@ -30,7 +33,8 @@ import torch
 from attnlab.engines.reference import ReferenceEngine
 from attnlab.nn.fused_decode import FusedDecoder, NotSupported
 
-QUANT_BOUND = 5e-2  # of the largest |logit|: fused against reference with int8 activations (module doc)
+QUANT_BOUND = 1e-1  # of the largest |logit|: fused against reference, quantized (module doc; SmolLM2: ≤ 0.06)
+PREFILL_CHUNK = 128  # prompt tokens per C++ call (its scratch grows with chunk × cache capacity)
 
 
 def _decoder(model) -> FusedDecoder:
@@ -74,6 +78,26 @@ class FusedEngine(ReferenceEngine):
         except NotSupported as err:
             return str(err)
         return None
+
+    @torch.no_grad()
+    def prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]]) -> torch.Tensor:
+        slots, prompts = self.table.check_prefill(slots, prompts)
+        c, out = self.caches, []
+        chunk = PREFILL_CHUNK if c.window is None else min(PREFILL_CHUNK, c.capacity - c.window + 1)
+        for s, prompt in zip(slots, prompts):
+            c.reset(s)
+            for i in range(0, len(prompt), chunk):
+                part = prompt[i:i + chunk]
+                c.reserve(s, len(part))
+                held = c.held(s)
+                places = list(range(held, held + len(part)))
+                firsts = [0 if self.window is None else max(0, p + 1 - self.window) for p in places]
+                logits = self.decoder.step(part, list(range(i, i + len(part))), [s] * len(part), places, firsts,
+                                           c.k, c.v, last_only=True)
+                c.advance(s, len(part))
+            out.append(logits[0])
+            self.table.start(s, len(prompt))
+        return torch.stack(out)
 
     @torch.no_grad()
     def step(self, slots: Sequence[int], tokens: Sequence[int]) -> torch.Tensor:

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "decode_team.h"
 #include "quant_kernel.h"
 
 namespace attnlab_decode {
@@ -37,6 +38,8 @@ struct Tuning {                     // how products are run here (speed only: ev
   int64_t parallel_bytes = 1 << 15;  // a thread's least share of a product's weight bytes
   int64_t prefetch_q = 3072;         // how far ahead (weight bytes) quantized tiles are prefetched; 0: none
   int64_t prefetch_f32 = 0;          // the same for fp32 tiles
+  int64_t one_region = 1;            // 1: one parallel region per step (decode_team.h); 0: one per product
+  int64_t prefetch_l2 = 0;           // 1: prefetch into L2 only (PREFETCHT1: more misses in flight), 0: into L1
 };
 
 inline Tuning& tuning() {  // one instance in the extension (an inline function's static)
@@ -105,6 +108,8 @@ struct Tile {  // rows o .. o + rows − 1 of part `part`
   int64_t o, rows;
   const char* w = nullptr;  // its weight bytes (qs, or fp32 rows), and how many
   int64_t bytes = 0;
+  const char* scales = nullptr;  // its fp16 scales d (and m), and how many bytes of each
+  int64_t scale_bytes = 0;
 };
 
 struct Group {  // parts of one input, outputs concatenated
@@ -123,9 +128,12 @@ struct Group {  // parts of one input, outputs concatenated
     const int p = (int)parts.size();
     const int64_t row_bytes = l.kind == F32 ? l.in * 4 : l.kind == Q8_0 ? l.in : l.in / 2;
     const char* base = l.kind == F32 ? (const char*)l.wp : (const char*)l.qsp;
+    const int64_t nb = l.in / QK;
     for (int64_t o = 0; o < l.out;) {
       const int64_t rows = o + MR <= l.out ? MR : 1;
-      tiles.push_back(Tile{p, o, rows, base + o * row_bytes, rows * row_bytes});
+      Tile t{p, o, rows, base + o * row_bytes, rows * row_bytes};
+      if (l.kind != F32) t.scales = (const char*)(l.dp + o * nb), t.scale_bytes = rows * nb * 2;
+      tiles.push_back(t);
       o += rows;
     }
     bytes += l.bytes();
@@ -184,41 +192,73 @@ inline void quant_rows(const Linear& l, const Acts& a, const Tile& t, float* y, 
   else rows_tile<SCHEME, 1>(l.qsp, l.dp, l.mp, row_bytes, nb, a, t.o, y, ldy);
 }
 
-// y (R, g.out) = [x W_p^T + b_p for each part p] for x (R, g.in); a8 / a4: scratch for x's int8 forms.
-// Each output element is computed by one thread in an order that depends on neither R nor the threads.
-inline void matvec(const Group& g, const float* x, int64_t rows, float* y, Acts& a8, Acts& a4) {
+// Tiles a thread takes at least (a share of parallel_bytes of weights; fewer when each serves more rows).
+inline int64_t product_grain(const Group& g, int64_t rows) {
+  return std::max<int64_t>(1, (int64_t)g.tiles.size() * tuning().parallel_bytes / std::max<int64_t>(g.bytes, 1) /
+                                  std::max<int64_t>(rows, 1));
+}
+
+// Quantize x (R, g.in) into a8 / a4 as the group's parts need (Q4_0 and Q4_1 read the same form).
+inline void quantize_input(const Group& g, const float* x, int64_t rows, Acts& a8, Acts& a4) {
   if (g.q8) quantize_rows(a8, x, rows, g.in, Q8_0);
-  if (g.q4) quantize_rows(a4, x, rows, g.in, Q4_0);  // Q4_0 and Q4_1 read the same activation form
+  if (g.q4) quantize_rows(a4, x, rows, g.in, Q4_0);
+}
+
+// Tiles t0 .. t1 of y (R, g.out) = [x W_p^T + b_p for each part p], x (R, g.in) and its int8 forms a8 / a4.
+// Each output element is computed by one thread in an order that depends on neither R nor the threads.
+inline void product_tiles(const Group& g, const float* x, const Acts& a8, const Acts& a4, int64_t rows, float* y,
+                          int64_t t0, int64_t t1) {
   const Tuning& tune = tuning();
-  const int64_t n_tiles = (int64_t)g.tiles.size();
-  // a thread's least share: parallel_bytes of weights, fewer tiles when each serves more rows
-  const int64_t grain = std::max<int64_t>(1, n_tiles * tune.parallel_bytes / std::max<int64_t>(g.bytes, 1) / rows);
-  at::parallel_for(0, n_tiles, grain, [&](int64_t t0, int64_t t1) {
-    for (int64_t i = t0; i < t1; ++i) {
-      const Tile& t = g.tiles[i];
-      const Linear& l = g.parts[t.part];
-      const int64_t distance = l.kind == F32 ? tune.prefetch_f32 : tune.prefetch_q;
-      if (distance > 0) {
-        const int64_t ahead = std::max<int64_t>(1, (distance + t.bytes / 2) / t.bytes);
-        if (i + ahead < t1) {
-          const Tile& next = g.tiles[i + ahead];
+  for (int64_t i = t0; i < t1; ++i) {
+    const Tile& t = g.tiles[i];
+    const Linear& l = g.parts[t.part];
+    const int64_t distance = l.kind == F32 ? tune.prefetch_f32 : tune.prefetch_q;
+    if (distance > 0) {
+      const int64_t ahead = std::max<int64_t>(1, (distance + t.bytes / 2) / t.bytes);
+      if (i + ahead < t1) {
+        const Tile& next = g.tiles[i + ahead];
+        const Linear& nl = g.parts[next.part];
+        if (tune.prefetch_l2) {
+          for (int64_t b = 0; b < next.bytes; b += 64) _mm_prefetch(next.w + b, _MM_HINT_T1);
+        } else {
           for (int64_t b = 0; b < next.bytes; b += 64) _mm_prefetch(next.w + b, _MM_HINT_T0);
         }
+        for (int64_t b = 0; b < next.scale_bytes; b += 64) {
+          _mm_prefetch(next.scales + b, _MM_HINT_T0);
+          if (nl.mp != nullptr) _mm_prefetch((const char*)nl.mp + (next.scales - (const char*)nl.dp) + b, _MM_HINT_T0);
+        }
       }
-      float* yp = y + l.offset;
-      switch (l.kind) {
-        case Q8_0: quant_rows<Q8_0>(l, a8, t, yp, g.out); break;
-        case Q4_0: quant_rows<Q4_0>(l, a4, t, yp, g.out); break;
-        case Q4_1: quant_rows<Q4_1>(l, a4, t, yp, g.out); break;
-        default:
-          if (t.rows == MR) f32_rows<MR>(l.wp, l.in, x, rows, t.o, yp, g.out);
-          else f32_rows<1>(l.wp, l.in, x, rows, t.o, yp, g.out);
-      }
-      if (l.bp != nullptr)
-        for (int64_t r = 0; r < rows; ++r)
-          for (int64_t o = t.o; o < t.o + t.rows; ++o) yp[r * g.out + o] += l.bp[o];
     }
-  });
+    float* yp = y + l.offset;
+    switch (l.kind) {
+      case Q8_0: quant_rows<Q8_0>(l, a8, t, yp, g.out); break;
+      case Q4_0: quant_rows<Q4_0>(l, a4, t, yp, g.out); break;
+      case Q4_1: quant_rows<Q4_1>(l, a4, t, yp, g.out); break;
+      default:
+        if (t.rows == MR) f32_rows<MR>(l.wp, l.in, x, rows, t.o, yp, g.out);
+        else f32_rows<1>(l.wp, l.in, x, rows, t.o, yp, g.out);
+    }
+    if (l.bp != nullptr)
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t o = t.o; o < t.o + t.rows; ++o) yp[r * g.out + o] += l.bp[o];
+  }
+}
+
+// y (R, g.out) for x (R, g.in), the rows split over at::parallel_for (the standalone ops' form).
+inline void matvec(const Group& g, const float* x, int64_t rows, float* y, Acts& a8, Acts& a4) {
+  quantize_input(g, x, rows, a8, a4);
+  at::parallel_for(0, (int64_t)g.tiles.size(), product_grain(g, rows),
+                   [&](int64_t t0, int64_t t1) { product_tiles(g, x, a8, a4, rows, y, t0, t1); });
+}
+
+// This team member's share of y (R, g.out) for x (R, g.in): it quantizes x into its own a8 / a4 and
+// computes its tiles (the step's form, decode_team.h); the caller syncs before y is read.
+inline void matvec(const Group& g, const float* x, int64_t rows, float* y, Acts& a8, Acts& a4, const Team& team) {
+  if (team.per_op) return matvec(g, x, rows, y, a8, a4);
+  const auto [t0, t1] = team.share((int64_t)g.tiles.size(), product_grain(g, rows));
+  if (t0 == t1) return;
+  quantize_input(g, x, rows, a8, a4);
+  product_tiles(g, x, a8, a4, rows, y, t0, t1);
 }
 
 }  // namespace attnlab_decode

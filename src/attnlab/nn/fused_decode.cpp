@@ -19,8 +19,9 @@
 // summation order (and, quantized, bit for bit until attention over more than one position). Each
 // sequence's result does not depend on the others in the batch nor on the threads: a batched step
 // gives every sequence the bits its batch-1 step gives.
-// Threads: at::parallel_for around each matrix product (the N rows share each weight tile) and around
-// the (sequence, head) pairs of attention when the contexts are long.
+// Threads: one parallel region per step (decode_team.h): every thread carries the residual stream and
+// the norms itself, and takes its share of each product's tiles (the N rows share each weight tile)
+// and of attention's (sequence, head) pairs when the contexts are long; barriers between.
 // Source: llama.cpp's llm_build_llama graph and ggml-cpu's ops (rms_norm, rope_neox, soft_max,
 // swiglu) for the same algebra; Touvron et al. 2023 (LLaMA), Su et al. 2021 (RoPE).
 #include <ATen/ATen.h>
@@ -28,6 +29,7 @@
 #include <torch/custom_class.h>
 #include <torch/library.h>
 #include <immintrin.h>
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -43,6 +45,11 @@ struct Layer {
   at::Tensor attn_norm, ffn_norm;  // (D,) fp32 gains
   float attn_eps, ffn_eps;
   Group qkv, o, gate_up, down;
+};
+
+struct Scratch {  // one thread's own buffers: every thread carries the residual stream x itself
+  std::vector<float> x, h;  // (N, D), (N, max(D, F))
+  Acts a8, a4;              // int8 forms of the current product's input
 };
 
 }  // namespace
@@ -87,12 +94,14 @@ class DecodePlan : public torch::CustomClassHolder {
     TORCH_CHECK(head_.in == d_, "lm_head must map D to V");
   }
 
-  // Logits (N, V): sequence n's token tokens[n] at RoPE row positions[n] of cos / sin (P, Dh); writes
-  // its k, v at slot slots[n] of row rows[n] of every layer's caches (S, K, C, Dh) and attends to that
-  // row's slots firsts[n] .. slots[n]. rows must be distinct.
+  // Logits (N, V), or (1, V) of the last entry with last_only: entry n's token tokens[n] at RoPE row
+  // positions[n] of cos / sin (P, Dh); writes its k, v at slot slots[n] of row rows[n] of every layer's
+  // caches (S, K, C, Dh) and attends to that row's slots firsts[n] .. slots[n]. The (row, slot) pairs
+  // must be distinct: entries of one row are consecutive tokens of one sequence (a prefill chunk),
+  // each seeing the earlier ones (all k, v are written before attention).
   at::Tensor step(std::vector<int64_t> tokens, std::vector<int64_t> positions, std::vector<int64_t> rows,
                   std::vector<int64_t> slots, std::vector<int64_t> firsts, at::Tensor cos, at::Tensor sin,
-                  std::vector<at::Tensor> k_caches, std::vector<at::Tensor> v_caches);
+                  std::vector<at::Tensor> k_caches, std::vector<at::Tensor> v_caches, bool last_only);
 
  private:
   Group group(const std::vector<int64_t>& ids) {
@@ -105,7 +114,10 @@ class DecodePlan : public torch::CustomClassHolder {
   }
   void embed(int64_t token, float* x) const;
   void attention(const float* qkv, const float* kc, const float* vc, int64_t cap, const std::vector<int64_t>& rows,
-                 const std::vector<int64_t>& slots, const std::vector<int64_t>& firsts, float* out);
+                 const std::vector<int64_t>& slots, const std::vector<int64_t>& firsts, float* out, const Team& team);
+  void rope_and_cache(float* qkv, int64_t n, const float* cos, const float* sin, const std::vector<int64_t>& positions,
+                      const std::vector<int64_t>& rows, const std::vector<int64_t>& slots, float* kc, float* vc,
+                      int64_t cap) const;
 
   int64_t d_, h_, k_, dh_, f_ = 0;
   std::vector<Linear> linears_;
@@ -114,8 +126,8 @@ class DecodePlan : public torch::CustomClassHolder {
   at::Tensor norm_;
   float norm_eps_ = 1e-6f;
   Group head_;
-  Acts a8_, a4_;
-  std::vector<float> x_, h_buf_, qkv_, att_, gu_, p_;
+  std::vector<Scratch> scratch_;                // one per thread
+  std::vector<float> qkv_, att_, y_, gu_, p_;  // shared outputs, each part written by one thread
 };
 
 // x (D) = row `token` of the embedding: dequantized as nn/quant.py's dequantize (q·d, (q−8)·d, q·d + m)
@@ -145,27 +157,47 @@ void DecodePlan::embed(int64_t token, float* x) const {
 }
 
 // out (N, H·Dh): for each sequence n, its q (row n of qkv (N, (H + 2K)·Dh)) against slots
-// firsts[n] .. slots[n] of cache row rows[n] of kc, vc (S, K, cap, Dh)
+// firsts[n] .. slots[n] of cache row rows[n] of kc, vc (S, K, cap, Dh); this member's (sequence, head) pairs
 void DecodePlan::attention(const float* qkv, const float* kc, const float* vc, int64_t cap,
                            const std::vector<int64_t>& rows, const std::vector<int64_t>& slots,
-                           const std::vector<int64_t>& firsts, float* out) {
+                           const std::vector<int64_t>& firsts, float* out, const Team& team) {
   const int64_t group = h_ / k_, n = (int64_t)rows.size(), width = (h_ + 2 * k_) * dh_;
   int64_t work = 0;
   for (int64_t i = 0; i < n; ++i) work += (slots[i] - firsts[i] + 1) * h_ * dh_;
   const int64_t grain = work >= kParallelAttention ? 1 : n * h_;
-  at::parallel_for(0, n * h_, grain, [&](int64_t t0, int64_t t1) {
+  auto pairs = [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t i = t / h_, h = t % h_, g = h / group;
       const int64_t base = ((rows[i] * k_ + g) * cap + firsts[i]) * dh_;
-      attend_head(qkv + i * width + h * dh_, kc + base, vc + base, slots[i] - firsts[i] + 1, dh_,
-                  p_.data() + t * cap, out + i * h_ * dh_ + h * dh_);
+      attend_head(qkv + i * width + h * dh_, kc + base, vc + base, slots[i] - firsts[i] + 1, dh_, p_.data() + t * cap,
+                  out + i * h_ * dh_ + h * dh_);
     }
-  });
+  };
+  if (team.per_op) return at::parallel_for(0, n * h_, grain, pairs);
+  const auto [t0, t1] = team.share(n * h_, grain);
+  pairs(t0, t1);
+}
+
+// q and k of each sequence rotated at its position (cos, sin: (P, Dh)); its k, v written at its slot
+void DecodePlan::rope_and_cache(float* qkv, int64_t n, const float* cos, const float* sin,
+                                const std::vector<int64_t>& positions, const std::vector<int64_t>& rows,
+                                const std::vector<int64_t>& slots, float* kc, float* vc, int64_t cap) const {
+  const int64_t width = (h_ + 2 * k_) * dh_;
+  for (int64_t i = 0; i < n; ++i) {
+    float *q = qkv + i * width, *k = q + h_ * dh_, *v = k + k_ * dh_;
+    rope(q, h_, dh_, cos + positions[i] * dh_, sin + positions[i] * dh_);
+    rope(k, k_, dh_, cos + positions[i] * dh_, sin + positions[i] * dh_);
+    for (int64_t g = 0; g < k_; ++g) {
+      const int64_t at_slot = ((rows[i] * k_ + g) * cap + slots[i]) * dh_;
+      std::copy(k + g * dh_, k + (g + 1) * dh_, kc + at_slot);
+      std::copy(v + g * dh_, v + (g + 1) * dh_, vc + at_slot);
+    }
+  }
 }
 
 at::Tensor DecodePlan::step(std::vector<int64_t> tokens, std::vector<int64_t> positions, std::vector<int64_t> rows,
                             std::vector<int64_t> slots, std::vector<int64_t> firsts, at::Tensor cos, at::Tensor sin,
-                            std::vector<at::Tensor> k_caches, std::vector<at::Tensor> v_caches) {
+                            std::vector<at::Tensor> k_caches, std::vector<at::Tensor> v_caches, bool last_only) {
   TORCH_CHECK(!layers_.empty() && norm_.defined(), "the plan has no layers or no output (set_output)");
   const int64_t n = (int64_t)tokens.size();
   TORCH_CHECK(n > 0 && positions.size() == tokens.size() && rows.size() == tokens.size() &&
@@ -181,51 +213,55 @@ at::Tensor DecodePlan::step(std::vector<int64_t> tokens, std::vector<int64_t> po
       TORCH_CHECK(c.dim() == 4 && c.size(0) == n_rows && c.size(1) == k_ && c.size(2) == cap && c.size(3) == dh_ &&
                   c.scalar_type() == at::kFloat && c.is_contiguous() && c.is_cpu(),
                   "caches must be contiguous (S, K, C, Dh) float32 CPU tensors of one shape");
-  std::vector<bool> seen(n_rows, false);
+  std::vector<std::pair<int64_t, int64_t>> places;
   for (int64_t i = 0; i < n; ++i) {
     TORCH_CHECK(tokens[i] >= 0 && tokens[i] < embed_.out, "token ", tokens[i], " is outside the vocabulary of ",
                 embed_.out);
     TORCH_CHECK(positions[i] >= 0 && positions[i] < cos.size(0), "no RoPE row for position ", positions[i]);
-    TORCH_CHECK(rows[i] >= 0 && rows[i] < n_rows && !seen[rows[i]], "rows must be distinct cache rows");
-    seen[rows[i]] = true;
+    TORCH_CHECK(rows[i] >= 0 && rows[i] < n_rows, "row ", rows[i], " is not a cache row");
     TORCH_CHECK(0 <= firsts[i] && firsts[i] <= slots[i] && slots[i] < cap, "need 0 <= first <= slot < capacity");
+    places.emplace_back(rows[i], slots[i]);
   }
+  std::sort(places.begin(), places.end());
+  TORCH_CHECK(std::adjacent_find(places.begin(), places.end()) == places.end(), "(row, slot) pairs must be distinct");
   const int64_t width = (h_ + 2 * k_) * dh_;
-  x_.resize(n * d_), h_buf_.resize(n * std::max(d_, f_)), qkv_.resize(n * width), att_.resize(n * h_ * dh_);
-  gu_.resize(n * 2 * f_), p_.resize(n * h_ * cap);
-  float *x = x_.data(), *h = h_buf_.data(), *qkv = qkv_.data(), *att = att_.data(), *gu = gu_.data();
-  for (int64_t i = 0; i < n; ++i) embed(tokens[i], x + i * d_);
-  for (size_t li = 0; li < layers_.size(); ++li) {
-    const Layer& l = layers_[li];
-    for (int64_t i = 0; i < n; ++i) rmsnorm(x + i * d_, l.attn_norm.data_ptr<float>(), d_, l.attn_eps, h + i * d_);
-    matvec(l.qkv, h, n, qkv, a8_, a4_);
-    float *kc = k_caches[li].data_ptr<float>(), *vc = v_caches[li].data_ptr<float>();
-    for (int64_t i = 0; i < n; ++i) {
-      float *q = qkv + i * width, *k = q + h_ * dh_, *v = k + k_ * dh_;
-      const float* cs = cos.data_ptr<float>() + positions[i] * dh_;
-      const float* sn = sin.data_ptr<float>() + positions[i] * dh_;
-      rope(q, h_, dh_, cs, sn);
-      rope(k, k_, dh_, cs, sn);
-      for (int64_t g = 0; g < k_; ++g) {
-        const int64_t at_slot = ((rows[i] * k_ + g) * cap + slots[i]) * dh_;
-        std::copy(k + g * dh_, k + (g + 1) * dh_, kc + at_slot);
-        std::copy(v + g * dh_, v + (g + 1) * dh_, vc + at_slot);
-      }
+  scratch_.resize(std::max(1, at::get_num_threads()));
+  for (Scratch& sc : scratch_) sc.x.resize(n * d_), sc.h.resize(n * std::max(d_, f_));
+  qkv_.resize(n * width), att_.resize(n * h_ * dh_), y_.resize(n * d_), gu_.resize(n * 2 * f_), p_.resize(n * h_ * cap);
+  const int64_t out_rows = last_only ? 1 : n, first_out = n - out_rows;
+  at::Tensor logits = at::empty({out_rows, head_.out}, at::kFloat);
+  const float *cs = cos.data_ptr<float>(), *sn = sin.data_ptr<float>();
+  float *qkv = qkv_.data(), *att = att_.data(), *y = y_.data(), *gu = gu_.data();
+  run_team([&](const Team& team) {
+    Scratch& sc = scratch_[team.tid];
+    float *x = sc.x.data(), *h = sc.h.data();
+    for (int64_t i = 0; i < n; ++i) embed(tokens[i], x + i * d_);
+    for (size_t li = 0; li < layers_.size(); ++li) {
+      const Layer& l = layers_[li];
+      float *kc = k_caches[li].data_ptr<float>(), *vc = v_caches[li].data_ptr<float>();
+      for (int64_t i = 0; i < n; ++i) rmsnorm(x + i * d_, l.attn_norm.data_ptr<float>(), d_, l.attn_eps, h + i * d_);
+      matvec(l.qkv, h, n, qkv, sc.a8, sc.a4, team);
+      team.sync();
+      if (team.leader()) rope_and_cache(qkv, n, cs, sn, positions, rows, slots, kc, vc, cap);
+      team.sync();
+      attention(qkv, kc, vc, cap, rows, slots, firsts, att, team);
+      team.sync();
+      matvec(l.o, att, n, y, sc.a8, sc.a4, team);
+      team.sync();
+      for (int64_t j = 0; j < n * d_; ++j) x[j] = x[j] + y[j];
+      for (int64_t i = 0; i < n; ++i) rmsnorm(x + i * d_, l.ffn_norm.data_ptr<float>(), d_, l.ffn_eps, h + i * d_);
+      matvec(l.gate_up, h, n, gu, sc.a8, sc.a4, team);
+      team.sync();
+      const int64_t f = l.down.in;
+      for (int64_t i = 0; i < n; ++i) swiglu(gu + i * 2 * f, gu + i * 2 * f + f, f, h + i * f);
+      matvec(l.down, h, n, y, sc.a8, sc.a4, team);
+      team.sync();
+      for (int64_t j = 0; j < n * d_; ++j) x[j] = x[j] + y[j];
     }
-    attention(qkv, kc, vc, cap, rows, slots, firsts, att);
-    matvec(l.o, att, n, h, a8_, a4_);
-    for (int64_t j = 0; j < n * d_; ++j) x[j] = x[j] + h[j];
-    for (int64_t i = 0; i < n; ++i) rmsnorm(x + i * d_, l.ffn_norm.data_ptr<float>(), d_, l.ffn_eps, h + i * d_);
-    matvec(l.gate_up, h, n, gu, a8_, a4_);
-    const int64_t f = l.down.in;
-    for (int64_t i = 0; i < n; ++i) swiglu(gu + i * 2 * f, gu + i * 2 * f + f, f, h + i * f);
-    matvec(l.down, h, n, qkv, a8_, a4_);  // qkv is free again: (H + 2K)·Dh >= D
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t j = 0; j < d_; ++j) x[i * d_ + j] = x[i * d_ + j] + qkv[i * d_ + j];
-  }
-  for (int64_t i = 0; i < n; ++i) rmsnorm(x + i * d_, norm_.data_ptr<float>(), d_, norm_eps_, h + i * d_);
-  at::Tensor logits = at::empty({n, head_.out}, at::kFloat);
-  matvec(head_, h, n, logits.data_ptr<float>(), a8_, a4_);
+    for (int64_t i = 0; i < out_rows; ++i)
+      rmsnorm(x + (first_out + i) * d_, norm_.data_ptr<float>(), d_, norm_eps_, h + i * d_);
+    matvec(head_, h, out_rows, logits.data_ptr<float>(), sc.a8, sc.a4, team);
+  }, tuning().one_region == 0);
   return logits;
 }
 

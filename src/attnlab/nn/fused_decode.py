@@ -152,18 +152,22 @@ class FusedDecoder:
         return self.cos, self.sin
 
     def step(self, tokens: list[int], positions: list[int], rows: list[int], slots: list[int], firsts: list[int],
-             k_caches: list[torch.Tensor], v_caches: list[torch.Tensor]) -> torch.Tensor:
-        """Decode one new token of each of N sequences.
+             k_caches: list[torch.Tensor], v_caches: list[torch.Tensor], last_only: bool = False) -> torch.Tensor:
+        """Decode one new token of each of N entries: N sequences (a batched step), or N consecutive
+        tokens of one sequence (a prefill chunk: one row, consecutive slots), or a mix.
 
         Args:
             tokens: N token ids. positions: their RoPE positions (>= 0).
-            rows: each sequence's row of the caches (distinct). slots: where in that row its new key
-                and value go. firsts: the oldest visible slot of that row (a sliding window), <= slot.
+            rows: each entry's row of the caches. slots: where in that row its new key and value go
+                ((row, slot) pairs distinct). firsts: the oldest visible slot of that row (a sliding
+                window), <= slot; an entry sees its row's slots firsts .. slot, the earlier entries of
+                the chunk among them.
             k_caches, v_caches: one (S, K, C, Dh) fp32 contiguous CPU tensor per layer, written in place.
+            last_only: compute the logits of the last entry only (a prefill chunk).
         Returns:
-            (N, V) fp32 logits of each sequence's next token.
+            (N, V) fp32 logits of each entry's next token, or (1, V) with last_only.
         Raises:
             RuntimeError: a token outside the vocabulary, or arguments of another shape or dtype.
         """
         cos, sin = self._rope_table(max(positions))
-        return self.plan.step(tokens, positions, rows, slots, firsts, cos, sin, k_caches, v_caches)
+        return self.plan.step(tokens, positions, rows, slots, firsts, cos, sin, k_caches, v_caches, last_only)

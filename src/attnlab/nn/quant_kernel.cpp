@@ -53,15 +53,17 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& qs, const at::Ten
 
 at::Tensor linear_f32(const at::Tensor& x, const at::Tensor& w) { return product(x, attnlab_decode::F32, {w}); }
 
-// The per-machine Tuning (decode_matvec.h): set once by nn/cpu_tuning.py; speed only, never a result
-void set_tuning(int64_t parallel_bytes, int64_t prefetch_q, int64_t prefetch_f32) {
-  TORCH_CHECK(parallel_bytes > 0 && prefetch_q >= 0 && prefetch_f32 >= 0, "tuning values must be >= 0");
-  attnlab_decode::tuning() = attnlab_decode::Tuning{parallel_bytes, prefetch_q, prefetch_f32};
+// The per-machine Tuning (decode_matvec.h), as [parallel_bytes, prefetch_q, prefetch_f32, one_region,
+// prefetch_l2] (nn/quant_kernel.py TUNING_FIELDS): set once by nn/cpu_tuning.py; speed only, never a result
+void set_tuning(std::vector<int64_t> v) {
+  TORCH_CHECK(v.size() == 5 && v[0] > 0 && v[1] >= 0 && v[2] >= 0 && (v[3] == 0 || v[3] == 1) && (v[4] == 0 || v[4] == 1),
+              "tuning: [parallel_bytes > 0, prefetch_q >= 0, prefetch_f32 >= 0, one_region 0/1, prefetch_l2 0/1]");
+  attnlab_decode::tuning() = attnlab_decode::Tuning{v[0], v[1], v[2], v[3], v[4]};
 }
 
 std::vector<int64_t> get_tuning() {
   const attnlab_decode::Tuning& t = attnlab_decode::tuning();
-  return {t.parallel_bytes, t.prefetch_q, t.prefetch_f32};
+  return {t.parallel_bytes, t.prefetch_q, t.prefetch_f32, t.one_region, t.prefetch_l2};
 }
 
 // 16 fp32 -> 16 bf16, round to nearest even (finite inputs), AVX512F only

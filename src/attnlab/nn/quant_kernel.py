@@ -33,7 +33,7 @@ from attnlab.nn import cpu_tuning
 from attnlab.nn.quant import BLOCK, SCHEMES, QuantWeight, dequantize, quantize_activations
 
 SOURCES = [Path(__file__).with_name(n) for n in ("quant_kernel.cpp", "fused_decode.cpp")]
-HEADERS = [Path(__file__).with_name(n) for n in ("quant_kernel.h", "decode_matvec.h", "decode_ops.h")]
+HEADERS = [Path(__file__).with_name(n) for n in ("quant_kernel.h", "decode_matvec.h", "decode_ops.h", "decode_team.h")]
 SCHEME_ID = {s: i for i, s in enumerate(SCHEMES)}  # = quant_kernel.h enum Scheme (tests/nn/test_kernel_ids.py)
 # -ffp-contract=off: a · b + c rounds twice, as PyTorch's separate ops do (explicit FMA intrinsics stay FMA).
 # -fopenmp: at::parallel_for is an inline template that runs serially unless the extension itself is built
@@ -41,6 +41,7 @@ SCHEME_ID = {s: i for i, s in enumerate(SCHEMES)}  # = quant_kernel.h enum Schem
 FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mf16c", "-mfma",
          "-ffp-contract=off", "-fopenmp"]
 LDFLAGS = ["-fopenmp"]
+TUNING_FIELDS = ("parallel_bytes", "prefetch_q", "prefetch_f32", "one_region", "prefetch_l2")  # decode_matvec.h
 PREFILL_ROWS = 32    # from this many rows on, the bf16 GEMM route (module doc)
 FALLBACK_ROWS = 4096  # W rows dequantized at once by the fallback (bounds its fp32 temporary)
 _state: dict = {}
@@ -77,14 +78,31 @@ def _build() -> str | None:
         cpp_extension.load(name=_extension_name(), sources=[str(p) for p in SOURCES], extra_cflags=FLAGS,
                            extra_ldflags=LDFLAGS,
                            is_python_module=False, verbose=False)
-        tune = cpu_tuning.choose()  # this machine's row (deterministic; speed only, never a result)
-        torch.ops.attnlab_quant.set_tuning(tune.parallel_bytes, tune.prefetch_q, tune.prefetch_f32)
+        set_tuning(**cpu_tuning.kernel_settings(cpu_tuning.choose()))  # this machine's row (speed only)
         torch.library.register_fake("attnlab_quant::linear")(_fake)
         torch.library.register_fake("attnlab_quant::linear_f32")(_fake_f32)
         torch.library.register_fake("attnlab_quant::dequantize_bf16")(_fake_bf16)
     except Exception as err:  # any build or load failure: fall back, saying why
         return f"building {SOURCES[0].name} failed ({type(err).__name__}: {str(err).splitlines()[0][:200]})"
     return None
+
+
+def set_tuning(**values: int) -> None:
+    """Set some of the extension's TUNING_FIELDS (decode_matvec.h's Tuning), the others kept.
+
+    Raises:
+        KeyError: an unknown field. RuntimeError: a value out of range (the extension's check).
+    """
+    current = get_tuning()
+    for key in values:
+        if key not in current:
+            raise KeyError(f"unknown tuning field {key!r}; fields: {', '.join(TUNING_FIELDS)}")
+    torch.ops.attnlab_quant.set_tuning([int({**current, **values}[k]) for k in TUNING_FIELDS])
+
+
+def get_tuning() -> dict[str, int]:
+    """The extension's current TUNING_FIELDS."""
+    return dict(zip(TUNING_FIELDS, torch.ops.attnlab_quant.get_tuning()))
 
 
 def _fake(x, qs, d, m, scheme):
