@@ -295,6 +295,8 @@ def generate(model, prompts: list[list[int]], max_new_tokens: int = 128, tempera
                 continue
             if nxt[row] in stop:
                 done[row] = True
+                if decoder is not None:
+                    decoder.release(row)
                 continue
             out[row].append(nxt[row])
             sequences[row].append(nxt[row])
@@ -308,7 +310,10 @@ def generate(model, prompts: list[list[int]], max_new_tokens: int = 128, tempera
             continue
         cached = [row for row in live if window is None or len(sequences[row]) <= window]
         sliding = [row for row in live if row not in cached]  # past the context: one forward over the window
-        logits = logits.clone()
+        if len(cached) == b:  # every row decodes in the engine: its logits are the step's
+            logits = decoder.step(cached, [sequences[row][-1] for row in cached])
+            continue
+        logits = logits.clone()  # finished rows keep their (unused) logits
         if cached:
             logits[cached] = decoder.step(cached, [sequences[row][-1] for row in cached]).to(logits.dtype)
         if sliding:
