@@ -147,3 +147,22 @@ def test_contract_errors_are_value_errors():
         engine.step([0], [3])
     with pytest.raises(ValueError, match="outside the vocabulary"):
         engine.prefill([1], [[-1]])
+
+
+def test_a_recurrent_model_that_keeps_no_state_decodes_batched():
+    # regression: the engine took every recurrent model's `states` (Mamba's), and a stateless one
+    # (README's "Adding a model family" bigram) raised AttributeError in generate()
+    from tests.tasks.test_new_family import Bigram, BigramConfig
+
+    torch.manual_seed(0)
+    model = Bigram(BigramConfig(vocab_size=100)).eval()
+    batch = prompts((1, 7, 64))
+    engine = ReferenceEngine(model, 3, 80)
+    first = engine.prefill(range(3), batch)
+    with torch.no_grad():
+        expected = torch.stack([model(torch.tensor([p])).logits[0, -1] for p in batch])
+        step_expected = model(torch.tensor([[4], [5], [6]])).logits[:, -1]
+    assert_close(first, expected)  # products of other row counts: fp32 summation order
+    assert not hasattr(model, "states")
+    assert_close(engine.step(range(3), [4, 5, 6]), step_expected)
+    assert generate(model, batch, 5, temperature=0.0) == [generate(model, [p], 5, temperature=0.0)[0] for p in batch]

@@ -67,12 +67,15 @@ class ReferenceEngine:
         """model(*args, **kwargs) with `decode_state` as the model's caches (GPT) or states (Mamba);
         the (N, V) fp32 logits of the last position."""
         attr = "states" if self.model.is_recurrent else "caches"
-        before = getattr(self.model, attr)
+        had, before = hasattr(self.model, attr), getattr(self.model, attr, None)  # a stateless model has none
         setattr(self.model, attr, decode_state)
         try:
             return self.model(*args, logits_to_keep=1, **kwargs).logits[:, -1].float()
         finally:
-            setattr(self.model, attr, before)
+            if had:
+                setattr(self.model, attr, before)
+            else:
+                delattr(self.model, attr)
 
     @torch.no_grad()
     def prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]]) -> torch.Tensor:
