@@ -11,6 +11,7 @@ from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.models.mamba import Mamba, MambaConfig
 from attnlab.nn.quant_linear import set_dtype
 from tests.conftest import spread_weights
+from tests.tasks.test_new_family import Bigram, BigramConfig
 
 BOUND = 1e-5  # of the largest |logit|: fp32 summation order (batched products, padded attention)
 LENGTHS = (1, 7, 64, 300)
@@ -152,8 +153,6 @@ def test_contract_errors_are_value_errors():
 def test_a_recurrent_model_that_keeps_no_state_decodes_batched():
     # regression: the engine took every recurrent model's `states` (Mamba's), and a stateless one
     # (README's "Adding a model family" bigram) raised AttributeError in generate()
-    from tests.tasks.test_new_family import Bigram, BigramConfig
-
     torch.manual_seed(0)
     model = Bigram(BigramConfig(vocab_size=100)).eval()
     batch = prompts((1, 7, 64))
