@@ -2,12 +2,22 @@
 drives it: re-quantize a GGUF with llama_model_quantize, time prefill + greedy decode of given token
 ids, return greedy tokens and per-token log-likelihoods. Token ids are fed directly, so both engines
 see exactly the same input. Every function returns None when llama_cpp is not installed.
+
+llama.cpp runs at its default settings (Llama()'s defaults; only the threads, the context and the
+batch are set) wherever they work. Its "extra buffer types" (weights repacked for the CPU's best
+kernels: AMX tiles, AVX512 interleaved blocks) are on by default; on a host where the default
+settings crash (the Intel Sapphire Rapids VM of issue 17: AMX tile instructions raise SIGILL, the VM
+does not enable AMX tile state), `probe_defaults` finds it in a subprocess and the bench loads with
+use_extra_bufts = False instead, saying so in its JSON.
 """
 from __future__ import annotations
 
 import ctypes
 import math
 import os
+import signal
+import subprocess
+import sys
 import time
 
 try:  # optional: pip install 'attnlab[bench]' (builds llama.cpp from source)
@@ -38,17 +48,50 @@ def requantize(src: str, kind: str, out: str, threads: int) -> str:
 
 
 def _no_extra_buffer_types():
-    """Model parameters with use_extra_bufts = False. llama.cpp built with GGML_NATIVE on this
-    Sapphire Rapids VM compiles its AMX int8 kernels (an "extra buffer type"), whose tile
-    instructions raise SIGILL here (the VM does not enable AMX tile state); without extra buffer
-    types llama.cpp multiplies with its AVX512-VNNI vec_dot kernels (and does not repack weights)."""
+    """Model parameters with use_extra_bufts = False: llama.cpp multiplies with its AVX512-VNNI
+    vec_dot kernels and does not repack weights (module doc)."""
     params = _default_params()
     params.use_extra_bufts = False
     return params
 
 
-def load(path: str, threads: int, n_ctx: int = 512, logits_all: bool = False):
-    llama_cpp.llama_cpp.llama_model_default_params = _no_extra_buffer_types
+_PROBE = ("import sys, llama_cpp\n"
+          "llm = llama_cpp.Llama(model_path=sys.argv[1], n_threads=int(sys.argv[2]), n_threads_batch=int(sys.argv[2]),"
+          " n_ctx=64, n_batch=64, verbose=False)\n"
+          "llm.eval(list(range(1, 40)))\nllm.eval([7])\n")
+
+
+_probed: dict = {}
+
+
+def probe_defaults(path: str, threads: int) -> dict:
+    """Load `path` at llama.cpp's default settings and evaluate a prompt and one token in a subprocess.
+
+    Returns:
+        {"extra_buffer_types": True, "probe": "ok"} when they work, else {"extra_buffer_types": False,
+        "probe": what happened (the signal that killed it, or its exit code and last stderr line)}.
+    """
+    if (path, threads) in _probed:
+        return _probed[path, threads]
+    run = subprocess.run([sys.executable, "-c", _PROBE, path, str(threads)], capture_output=True, text=True)
+    if run.returncode == 0:
+        found = {"extra_buffer_types": True, "probe": "ok"}
+    elif run.returncode < 0:
+        found = {"extra_buffer_types": False,
+                 "probe": f"killed by {signal.Signals(-run.returncode).name} at the default settings"}
+    else:
+        found = {"extra_buffer_types": False,
+                 "probe": f"exit code {run.returncode}: {(run.stderr.strip().splitlines() or [''])[-1][:200]}"}
+    _probed[path, threads] = found
+    return found
+
+
+def load(path: str, threads: int, n_ctx: int = 512, logits_all: bool = False, extra_buffer_types: bool | None = None):
+    """Llama at its defaults but for threads, n_ctx (= n_batch) and, where the host needs it, extra
+    buffer types off (None: as probe_defaults finds for this file)."""
+    if extra_buffer_types is None:
+        extra_buffer_types = probe_defaults(path, threads)["extra_buffer_types"]
+    llama_cpp.llama_cpp.llama_model_default_params = _default_params if extra_buffer_types else _no_extra_buffer_types
     return Llama(model_path=path, n_threads=threads, n_threads_batch=threads, n_ctx=n_ctx, n_batch=n_ctx,
                  verbose=False, logits_all=logits_all)
 

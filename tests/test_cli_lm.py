@@ -135,3 +135,13 @@ def test_llama_recipe_trains_and_generates(tiny_shakespeare, tmp_path, capsys):
     text = generate_out(capsys, out, "--prompt", "To", "--max-new-tokens", "5", "--temperature", "0")
     assert text.startswith("To") and generate_out(capsys, out, "--prompt", "To", "--max-new-tokens", "5",
                                                    "--temperature", "0", "--no-cache") == text
+    for engine in ("fused-cpp", "reference"):  # a LLaMA-style run: both engines, the same tokens
+        assert generate_out(capsys, out, "--prompt", "To", "--max-new-tokens", "5", "--temperature", "0",
+                            "--engine", engine) == text
+
+
+def test_an_engine_that_does_not_run_the_model_exits_2_saying_why(lm_dir, capsys):
+    assert exit_code(["generate", "--model", str(lm_dir), "--prompt", "To", "--engine", "fused-cpp"]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert captured.out == "" and len(err) == 1 and "fused-cpp" in err[0] and "absolute" in err[0]

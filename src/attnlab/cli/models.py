@@ -13,6 +13,7 @@ from attnlab.cli.args import (beam, check_text, nonnegative_float, positive_int,
                               texts)
 from attnlab.convert import convert
 from attnlab.embed import embed
+from attnlab.engines import ENGINES, engine_name
 from attnlab.errors import UserError
 from attnlab.generate import check_context, generate
 from attnlab.interop.gguf_write import GGUF_OUT_TYPES
@@ -57,9 +58,10 @@ def cmd_generate(args) -> None:
             raise UserError(f"--prompt {p!r} has no character the model's tokenizer knows")
     max_new = 200 if args.max_new_tokens is None else args.max_new_tokens
     check_context(model, max(map(len, ids)), max_new)  # before any output
+    engine_name(model, args.engine)  # before any output: an engine asked for by name that does not run the model
     kwargs = dict(max_new_tokens=max_new, temperature=args.temperature, top_k=args.top_k,
                   top_p=args.top_p, seed=args.seed, use_cache=not args.no_cache,
-                  stop_tokens=[] if args.ignore_eos else None)
+                  stop_tokens=[] if args.ignore_eos else None, engine=args.engine)
     if len(prompts) == 1:  # stream the text as it is generated
         stream = TextStream(tokenizer, _write)
         _write(prompts[0])
@@ -152,6 +154,8 @@ def add_model_parsers(sub) -> None:
     g.add_argument("--no-cache", action="store_true", help="recompute every position at each step (no KV cache)")
     g.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-text token: generate "
                    "exactly --max-new-tokens")
+    g.add_argument("--engine", choices=ENGINES, default="auto", help="decode engine: auto (the fused C++ step "
+                   "where it runs the model, else the reference), fused-cpp, reference (the model's own forward)")
     dtype_arg(g)
     g.set_defaults(func=cmd_generate)
 

@@ -1,17 +1,20 @@
-// Matrix-vector products of one decoding step (batch 1, one new token): y = W x + b for dense fp32
+// Matrix products of one decoding step (R new tokens, one per sequence): y = x Wᵀ + b for dense fp32
 // and block-quantized (Q8_0, Q4_0, Q4_1) weights, several matrices of one input in one pass over
 // the threads (q|k|v, gate|up), their outputs concatenated.
 //
-// Shapes: x (I,) fp32; each part's W (O_p, I): fp32 (O_p, I) contiguous, or qs / d / m as in
-// nn/quant.py; b (O_p,) fp32 or none; y (Σ O_p,) fp32, part p's rows at its offset.
+// Shapes: x (R, I) fp32; each part's W (O_p, I): fp32 (O_p, I) contiguous, or qs / d / m as in
+// nn/quant.py; b (O_p,) fp32 or none; y (R, Σ O_p) fp32, part p's columns at its offset.
 // fp32: each output is one dot product of I terms, 16 lanes of fp32 FMA then a horizontal sum (the
-// order of the additions differs from F.linear's: results agree up to fp32 summation order).
+// order of the additions differs from F.linear's: results agree up to fp32 summation order); a tile
+// of 4 weight rows × up to 4 x rows shares the loads.
 // Quantized: x is quantized once per 32-block (quant_kernel.h), then each block's 32 int8 products
 // are summed exactly in int32, as in torch.ops.attnlab_quant.linear (same tile code, same result).
-// Rows are split over at::parallel_for in tiles of MR rows; a product smaller than kParallelBytes
-// runs on the calling thread (waking a thread costs more than it saves). Before a quantized tile,
-// the weights of the tile about kPrefetchBytes further on are prefetched: measured on SmolLM2 here,
-// 1.3-2× faster Q8_0 / Q4_1 decoding than the hardware prefetcher alone (fp32: no gain, none done).
+// Rows are split over at::parallel_for in tiles of MR rows; a product smaller than parallel_bytes per
+// thread runs on the calling thread (waking a thread costs more than it saves). Before a tile, the
+// weights of the tile about prefetch_bytes further on are prefetched (quantized: qs; fp32: w): on the
+// Intel host of issue 17, 1.3-2× faster Q8_0 / Q4_1 decoding than the hardware prefetcher alone, no
+// gain for fp32. These distances are a per-machine choice (Tuning, set from nn/cpu_tuning.py, never
+// timed inside a call); they change speed only, never a result.
 // Source: ggml-cpu ggml_vec_dot_f32 / ggml_vec_dot_q8_0_q8_0 (the same split of rows over threads).
 #pragma once
 
@@ -22,15 +25,27 @@
 #include <cstdint>
 #include <vector>
 
+#include "decode_team.h"
 #include "quant_kernel.h"
 
 namespace attnlab_decode {
 
 using namespace attnlab_q8;
 
-constexpr int F32 = 3;                      // kinds 0..2 are the Scheme ids (q8_0, q4_0, q4_1)
-constexpr int64_t kParallelBytes = 1 << 15;  // a thread's least share of a product's weight bytes
-constexpr int64_t kPrefetchBytes = 3072;     // how far ahead (in weight bytes) quantized tiles are prefetched
+constexpr int F32 = 3;  // kinds 0..2 are the Scheme ids (q8_0, q4_0, q4_1)
+
+struct Tuning {                     // how products are run here (speed only: every result is the same)
+  int64_t parallel_bytes = 1 << 15;  // a thread's least share of a product's weight bytes
+  int64_t prefetch_q = 3072;         // how far ahead (weight bytes) quantized tiles are prefetched; 0: none
+  int64_t prefetch_f32 = 0;          // the same for fp32 tiles
+  int64_t one_region = 1;            // 1: one parallel region per step (decode_team.h); 0: one per product
+  int64_t prefetch_l2 = 0;           // 1: prefetch into L2 only (PREFETCHT1: more misses in flight), 0: into L1
+};
+
+inline Tuning& tuning() {  // one instance in the extension (an inline function's static)
+  static Tuning t;
+  return t;
+}
 
 struct Linear {  // one (O, I) weight and its bias; the tensors are held so the pointers stay valid
   int kind = F32;
@@ -47,17 +62,60 @@ struct Linear {  // one (O, I) weight and its bias; the tensors are held so the 
   }
 };
 
+inline at::Tensor checked_vector(const at::Tensor& t, int64_t n, const char* what) {
+  TORCH_CHECK(t.dim() == 1 && t.size(0) == n && t.scalar_type() == at::kFloat && t.is_contiguous() && t.is_cpu(),
+              what, " must be a contiguous (", n, ",) float32 CPU tensor");
+  return t;
+}
+
+// A weight (O, I) read in place: kind 0..2 = q8_0 / q4_0 / q4_1 with tensors [qs, d] or [qs, d, m]
+// (nn/quant.py), kind 3 = fp32 with [w]; bias (O,) fp32 or none.
+inline Linear make_linear(int64_t kind, const std::vector<at::Tensor>& tensors, const c10::optional<at::Tensor>& bias) {
+  Linear l;
+  l.kind = (int)kind;
+  if (kind == F32) {
+    TORCH_CHECK(tensors.size() == 1, "an fp32 weight is [w]");
+    l.w = tensors[0];
+    TORCH_CHECK(l.w.dim() == 2 && l.w.scalar_type() == at::kFloat && l.w.is_contiguous() && l.w.is_cpu(),
+                "w must be a contiguous (O, I) float32 CPU tensor");
+    l.out = l.w.size(0), l.in = l.w.size(1), l.wp = l.w.data_ptr<float>();
+  } else {
+    TORCH_CHECK(kind >= 0 && kind <= 2 && tensors.size() == (kind == Q4_1 ? 3u : 2u),
+                "kind must be 0..3; a quantized weight is [qs, d] (q4_1: [qs, d, m])");
+    l.qs = tensors[0], l.d = tensors[1];
+    TORCH_CHECK(l.d.dim() == 2 && l.d.scalar_type() == at::kHalf && l.d.is_contiguous() && l.d.size(1) % 2 == 0 &&
+                l.d.is_cpu(), "d must be a contiguous (O, NB) float16 CPU tensor with NB even");
+    l.out = l.d.size(0), l.in = l.d.size(1) * QK;
+    TORCH_CHECK(l.qs.is_contiguous() && l.qs.element_size() == 1 && l.qs.is_cpu() &&
+                l.qs.numel() == l.out * (kind == Q8_0 ? l.in : l.in / 2), "qs does not match d");
+    l.qsp = (const uint8_t*)l.qs.data_ptr(), l.dp = l.d.data_ptr<at::Half>();
+    if (kind == Q4_1) {
+      l.m = tensors[2];
+      TORCH_CHECK(l.m.is_contiguous() && l.m.sizes() == l.d.sizes() && l.m.scalar_type() == at::kHalf,
+                  "m must match d");
+      l.mp = l.m.data_ptr<at::Half>();
+    }
+  }
+  if (bias.has_value()) {
+    l.bias = checked_vector(*bias, l.out, "bias");
+    l.bp = l.bias.data_ptr<float>();
+  }
+  return l;
+}
+
 struct Tile {  // rows o .. o + rows − 1 of part `part`
   int part;
   int64_t o, rows;
-  const char* qs = nullptr;  // its quantized weight bytes (none for fp32), and how many
-  int64_t bytes = 0, ahead = 0;  // ahead: the tile this many further on is prefetched before it (0: none)
+  const char* w = nullptr;  // its weight bytes (qs, or fp32 rows), and how many
+  int64_t bytes = 0;
+  const char* scales = nullptr;  // its fp16 scales d (and m), and how many bytes of each
+  int64_t scale_bytes = 0;
 };
 
 struct Group {  // parts of one input, outputs concatenated
   std::vector<Linear> parts;
   std::vector<Tile> tiles;
-  int64_t in = 0, out = 0, grain = 1;
+  int64_t in = 0, out = 0, bytes = 0;
   bool q8 = false, q4 = false;  // which activation quantizations the parts need
 
   void add(Linear l) {
@@ -68,71 +126,139 @@ struct Group {  // parts of one input, outputs concatenated
     q8 |= l.kind == Q8_0;
     q4 |= l.kind == Q4_0 || l.kind == Q4_1;
     const int p = (int)parts.size();
-    const int64_t row_bytes = l.kind == F32 ? 0 : l.kind == Q8_0 ? l.in : l.in / 2;
+    const int64_t row_bytes = l.kind == F32 ? l.in * 4 : l.kind == Q8_0 ? l.in : l.in / 2;
+    const char* base = l.kind == F32 ? (const char*)l.wp : (const char*)l.qsp;
+    const int64_t nb = l.in / QK;
     for (int64_t o = 0; o < l.out;) {
       const int64_t rows = o + MR <= l.out ? MR : 1;
-      Tile t{p, o, rows, (const char*)l.qsp + o * row_bytes, rows * row_bytes, 0};
-      if (t.bytes) t.ahead = std::max<int64_t>(1, (kPrefetchBytes + t.bytes / 2) / t.bytes);
+      Tile t{p, o, rows, base + o * row_bytes, rows * row_bytes};
+      if (l.kind != F32) t.scales = (const char*)(l.dp + o * nb), t.scale_bytes = rows * nb * 2;
       tiles.push_back(t);
       o += rows;
     }
+    bytes += l.bytes();
     parts.push_back(std::move(l));
-    int64_t bytes = 0;
-    for (const Linear& q : parts) bytes += q.bytes();
-    grain = std::max<int64_t>(1, (int64_t)tiles.size() * kParallelBytes / std::max<int64_t>(bytes, 1));
   }
 };
 
-// y[o .. o+M) = W[o .. o+M) x for fp32 W (O, I) row-major; the last partial vector of a row masked.
+// y[r][o .. o+M) = W[o .. o+M) x[r] for N rows r0 .. r0+N of x (ldx floats apart) and fp32 W (O, I)
+// row-major; each output is the sum of one 16-lane accumulator, the same whatever N (so a row of a batch
+// gets the bits it gets alone); the last partial vector of a row masked.
+template <int M, int N>
+inline void f32_tile(const float* w, int64_t in, const float* x, int64_t ldx, int64_t o, int64_t r0, float* y,
+                     int64_t ldy) {
+  __m512 acc[M][N];
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < N; ++j) acc[i][j] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= in; k += 16) {
+    __m512 wv[M];
+    for (int i = 0; i < M; ++i) wv[i] = _mm512_loadu_ps(w + (o + i) * in + k);
+    for (int j = 0; j < N; ++j) {
+      const __m512 xv = _mm512_loadu_ps(x + (r0 + j) * ldx + k);
+      for (int i = 0; i < M; ++i) acc[i][j] = _mm512_fmadd_ps(wv[i], xv, acc[i][j]);
+    }
+  }
+  if (k < in) {
+    const __mmask16 mask = (__mmask16)((1u << (in - k)) - 1);
+    __m512 wv[M];
+    for (int i = 0; i < M; ++i) wv[i] = _mm512_maskz_loadu_ps(mask, w + (o + i) * in + k);
+    for (int j = 0; j < N; ++j) {
+      const __m512 xv = _mm512_maskz_loadu_ps(mask, x + (r0 + j) * ldx + k);
+      for (int i = 0; i < M; ++i) acc[i][j] = _mm512_fmadd_ps(wv[i], xv, acc[i][j]);
+    }
+  }
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < N; ++j) y[(r0 + j) * ldy + o + i] = _mm512_reduce_add_ps(acc[i][j]);
+}
+
+// M weight rows from o against all `rows` rows of x, 4 at a time
 template <int M>
-inline void f32_rows(const float* w, int64_t in, const float* x, int64_t o, float* y) {
-  __m512 acc[M];
-  for (int r = 0; r < M; ++r) acc[r] = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= in; i += 16) {
-    const __m512 xv = _mm512_loadu_ps(x + i);
-    for (int r = 0; r < M; ++r) acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(w + (o + r) * in + i), xv, acc[r]);
+inline void f32_rows(const float* w, int64_t in, const float* x, int64_t rows, int64_t o, float* y, int64_t ldy) {
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) f32_tile<M, 4>(w, in, x, in, o, r, y, ldy);
+  switch (rows - r) {
+    case 3: f32_tile<M, 3>(w, in, x, in, o, r, y, ldy); break;
+    case 2: f32_tile<M, 2>(w, in, x, in, o, r, y, ldy); break;
+    case 1: f32_tile<M, 1>(w, in, x, in, o, r, y, ldy); break;
+    default: break;
   }
-  if (i < in) {
-    const __mmask16 k = (__mmask16)((1u << (in - i)) - 1);
-    const __m512 xv = _mm512_maskz_loadu_ps(k, x + i);
-    for (int r = 0; r < M; ++r) acc[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, w + (o + r) * in + i), xv, acc[r]);
-  }
-  for (int r = 0; r < M; ++r) y[o + r] = _mm512_reduce_add_ps(acc[r]);
 }
 
 template <int SCHEME>
-inline void quant_rows(const Linear& l, const Acts& a, const Tile& t, float* y) {
+inline void quant_rows(const Linear& l, const Acts& a, const Tile& t, float* y, int64_t ldy) {
   const int64_t nb = l.in / QK, row_bytes = SCHEME == Q8_0 ? l.in : l.in / 2;
-  if (t.rows == MR) rows_tile<SCHEME, MR>(l.qsp, l.dp, l.mp, row_bytes, nb, a, t.o, y, l.out);
-  else rows_tile<SCHEME, 1>(l.qsp, l.dp, l.mp, row_bytes, nb, a, t.o, y, l.out);
+  if (t.rows == MR) rows_tile<SCHEME, MR>(l.qsp, l.dp, l.mp, row_bytes, nb, a, t.o, y, ldy);
+  else rows_tile<SCHEME, 1>(l.qsp, l.dp, l.mp, row_bytes, nb, a, t.o, y, ldy);
 }
 
-// y (g.out,) = [W_p x + b_p for each part p]; a8 / a4: scratch for x's int8 forms.
-inline void matvec(const Group& g, const float* x, float* y, Acts& a8, Acts& a4) {
-  if (g.q8) quantize_rows(a8, x, 1, g.in, Q8_0);
-  if (g.q4) quantize_rows(a4, x, 1, g.in, Q4_0);  // Q4_0 and Q4_1 read the same activation form
-  at::parallel_for(0, (int64_t)g.tiles.size(), g.grain, [&](int64_t t0, int64_t t1) {
-    for (int64_t i = t0; i < t1; ++i) {
-      const Tile& t = g.tiles[i];
-      const Linear& l = g.parts[t.part];
-      if (t.ahead && i + t.ahead < t1) {
-        const Tile& next = g.tiles[i + t.ahead];
-        for (int64_t b = 0; b < next.bytes; b += 64) _mm_prefetch(next.qs + b, _MM_HINT_T0);
+// Tiles a thread takes at least (a share of parallel_bytes of weights; fewer when each serves more rows).
+inline int64_t product_grain(const Group& g, int64_t rows) {
+  return std::max<int64_t>(1, (int64_t)g.tiles.size() * tuning().parallel_bytes / std::max<int64_t>(g.bytes, 1) /
+                                  std::max<int64_t>(rows, 1));
+}
+
+// Quantize x (R, g.in) into a8 / a4 as the group's parts need (Q4_0 and Q4_1 read the same form).
+inline void quantize_input(const Group& g, const float* x, int64_t rows, Acts& a8, Acts& a4) {
+  if (g.q8) quantize_rows(a8, x, rows, g.in, Q8_0);
+  if (g.q4) quantize_rows(a4, x, rows, g.in, Q4_0);
+}
+
+// Tiles t0 .. t1 of y (R, g.out) = [x W_p^T + b_p for each part p], x (R, g.in) and its int8 forms a8 / a4.
+// Each output element is computed by one thread in an order that depends on neither R nor the threads.
+inline void product_tiles(const Group& g, const float* x, const Acts& a8, const Acts& a4, int64_t rows, float* y,
+                          int64_t t0, int64_t t1) {
+  const Tuning& tune = tuning();
+  for (int64_t i = t0; i < t1; ++i) {
+    const Tile& t = g.tiles[i];
+    const Linear& l = g.parts[t.part];
+    const int64_t distance = l.kind == F32 ? tune.prefetch_f32 : tune.prefetch_q;
+    if (distance > 0) {
+      const int64_t ahead = std::max<int64_t>(1, (distance + t.bytes / 2) / t.bytes);
+      if (i + ahead < t1) {
+        const Tile& next = g.tiles[i + ahead];
+        const Linear& nl = g.parts[next.part];
+        if (tune.prefetch_l2) {
+          for (int64_t b = 0; b < next.bytes; b += 64) _mm_prefetch(next.w + b, _MM_HINT_T1);
+        } else {
+          for (int64_t b = 0; b < next.bytes; b += 64) _mm_prefetch(next.w + b, _MM_HINT_T0);
+        }
+        for (int64_t b = 0; b < next.scale_bytes; b += 64) {
+          _mm_prefetch(next.scales + b, _MM_HINT_T0);
+          if (nl.mp != nullptr) _mm_prefetch((const char*)nl.mp + (next.scales - (const char*)nl.dp) + b, _MM_HINT_T0);
+        }
       }
-      float* yp = y + l.offset;
-      switch (l.kind) {
-        case Q8_0: quant_rows<Q8_0>(l, a8, t, yp); break;
-        case Q4_0: quant_rows<Q4_0>(l, a4, t, yp); break;
-        case Q4_1: quant_rows<Q4_1>(l, a4, t, yp); break;
-        default:
-          if (t.rows == MR) f32_rows<MR>(l.wp, l.in, x, t.o, yp);
-          else f32_rows<1>(l.wp, l.in, x, t.o, yp);
-      }
-      if (l.bp != nullptr)
-        for (int64_t r = t.o; r < t.o + t.rows; ++r) yp[r] += l.bp[r];
     }
-  });
+    float* yp = y + l.offset;
+    switch (l.kind) {
+      case Q8_0: quant_rows<Q8_0>(l, a8, t, yp, g.out); break;
+      case Q4_0: quant_rows<Q4_0>(l, a4, t, yp, g.out); break;
+      case Q4_1: quant_rows<Q4_1>(l, a4, t, yp, g.out); break;
+      default:
+        if (t.rows == MR) f32_rows<MR>(l.wp, l.in, x, rows, t.o, yp, g.out);
+        else f32_rows<1>(l.wp, l.in, x, rows, t.o, yp, g.out);
+    }
+    if (l.bp != nullptr)
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t o = t.o; o < t.o + t.rows; ++o) yp[r * g.out + o] += l.bp[o];
+  }
+}
+
+// y (R, g.out) for x (R, g.in), the rows split over at::parallel_for (the standalone ops' form).
+inline void matvec(const Group& g, const float* x, int64_t rows, float* y, Acts& a8, Acts& a4) {
+  quantize_input(g, x, rows, a8, a4);
+  at::parallel_for(0, (int64_t)g.tiles.size(), product_grain(g, rows),
+                   [&](int64_t t0, int64_t t1) { product_tiles(g, x, a8, a4, rows, y, t0, t1); });
+}
+
+// This team member's share of y (R, g.out) for x (R, g.in): it quantizes x into its own a8 / a4 and
+// computes its tiles (the step's form, decode_team.h); the caller syncs before y is read.
+inline void matvec(const Group& g, const float* x, int64_t rows, float* y, Acts& a8, Acts& a4, const Team& team) {
+  if (team.per_op) return matvec(g, x, rows, y, a8, a4);
+  const auto [t0, t1] = team.share((int64_t)g.tiles.size(), product_grain(g, rows));
+  if (t0 == t1) return;
+  quantize_input(g, x, rows, a8, a4);
+  product_tiles(g, x, a8, a4, rows, y, t0, t1);
 }
 
 }  // namespace attnlab_decode

