@@ -162,3 +162,10 @@ def test_fused_projections_equal_separate_ones(scheme):
         for module in model.modules():
             module.__dict__.pop("fused_group", None)
         assert torch.equal(fused, model(ids).logits)
+
+
+def test_quant_linear_takes_zero_rows():
+    """Regression: an input of no rows (a fine-tune's prefix pass, which keeps no logits) gave a
+    reshape error in the C++ route instead of an empty (0, O) output."""
+    layer = QuantLinear(quantize(torch.randn(48, 64), "q8_0"))
+    assert layer(torch.randn(0, 64)).shape == (0, 48) and layer(torch.randn(2, 0, 64)).shape == (2, 0, 48)

@@ -7,6 +7,9 @@ QuantLinear holds qs / d / m (nn/quant.py) as buffers, never an fp32 copy of the
 quantizes the activations per 32-block and multiplies in int8 (nn/quant_kernel.py). QuantEmbedding
 dequantizes only the looked-up rows. A weight shared by two modules (GPT's tied embedding and output
 projection) is quantized once and its buffers shared.
+The weights are frozen, but QuantLinear is differentiable in its input (a frozen quantized base
+under LoRA adapters, QLoRA): the gradient is ∂L/∂x = ∂L/∂y · Ŵ, a bf16 product with the weight
+dequantized again for the backward pass (nothing of it is kept between the two passes).
 Source: ggml block formats (ggml-common.h); llama.cpp's CPU matmul (activations as q8_0 / q8_1).
 """
 from __future__ import annotations
@@ -71,15 +74,43 @@ class QuantLinear(_QuantBuffers):
         return self.qweight.shape[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """(..., I) -> (..., O)."""
+        """(..., I) -> (..., O); differentiable in x (module docstring)."""
+        y = _Product.apply(x, self) if torch.is_grad_enabled() and x.requires_grad else self.product(x)
+        return y if self.bias is None else y + self.bias.to(y.dtype)
+
+    def product(self, x: torch.Tensor) -> torch.Tensor:
+        """x Ŵᵀ without the bias, (..., I) -> (..., O), the kernels of the class docstring."""
         if self._fast is None:  # decided once: the C++ kernel takes fp32 CPU rows directly
             self._fast = kernel() == "cpp" and self.qs.device.type == "cpu" and self.d.shape[1] % 2 == 0
         if self._fast and x.dtype == torch.float32 and x.device.type == "cpu" and x.numel() < PREFILL_ROWS * x.shape[-1]:
             y = torch.ops.attnlab_quant.linear(x.reshape(-1, x.shape[-1]), self.qs, self.d, self.m,
-                                               SCHEME_ID[self.scheme]).view(*x.shape[:-1], -1)
+                                               SCHEME_ID[self.scheme]).view(*x.shape[:-1], self.out_features)
         else:
             y = quant_matmul(x, self.qweight)
-        return y if self.bias is None else y + self.bias.to(y.dtype)
+        return y
+
+    def input_grad(self, grad: torch.Tensor) -> torch.Tensor:
+        """∂L/∂x = grad · Ŵ for grad (..., O) -> (..., I), grad's dtype: a bf16 product, Ŵ dequantized
+        to bf16 for the call (the C++ kernel's conversion where it is built)."""
+        qw = self.qweight
+        if kernel() == "cpp" and self.qs.device.type == "cpu":
+            w = torch.ops.attnlab_quant.dequantize_bf16(qw.qs, qw.d, qw.m, SCHEME_ID[qw.scheme])
+        else:
+            w = dequantize(qw).to(torch.bfloat16)
+        return (grad.to(torch.bfloat16) @ w).to(grad.dtype)
+
+
+class _Product(torch.autograd.Function):
+    """QuantLinear.product with its input's gradient (QuantLinear.input_grad); the weights get none."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, layer: QuantLinear) -> torch.Tensor:
+        ctx.layer = layer
+        return layer.product(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return ctx.layer.input_grad(grad), None
 
 
 class QuantEmbedding(_QuantBuffers):
@@ -144,14 +175,20 @@ def quantize_model(model: nn.Module, scheme: str) -> nn.Module:
 FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # projections of one input
 
 
+def _base(layer: nn.Module) -> nn.Module:
+    """The layer an adapter wrapper (nn/lora.py: `base_layer` + `update(x)`) adds to, or the layer."""
+    return getattr(layer, "base_layer", layer)
+
+
 def fuse_quantized(model: nn.Module) -> nn.Module:
     """Store each module's q/k/v (and gate/up) QuantLinear weights in one buffer per tensor, the
     members holding row views of it (no copy kept), so that `fused_outputs` computes them in one
     kernel call: one activation quantization and one pass over the threads instead of three.
-    The outputs are identical (rows are independent). Returns the model (changed in place)."""
+    The outputs are identical (rows are independent). Layers under adapters (nn/lora.py) fuse
+    their bases. Returns the model (changed in place)."""
     for module in model.modules():
         for names in FUSED:
-            layers = [getattr(module, n, None) for n in names]
+            layers = [_base(getattr(module, n, None)) for n in names]
             if not all(isinstance(m, QuantLinear) for m in layers) or len({(m.scheme, m.in_features, m.bias is None)
                                                                            for m in layers}) != 1:
                 continue
@@ -175,10 +212,14 @@ def fuse_quantized(model: nn.Module) -> nn.Module:
 
 
 def fused_outputs(x: torch.Tensor, *layers: nn.Module) -> tuple[torch.Tensor, ...]:
-    """(layer(x) for layer in layers), in one kernel call when fuse_quantized joined exactly these."""
-    group = getattr(layers[0], "fused_group", None)
-    if group is not None and len(group[1]) == len(layers) and all(a is b for a, b in zip(group[1], layers)):
-        return group[0](x).split([m.out_features for m in layers], dim=-1)
+    """(layer(x) for layer in layers), in one kernel call when fuse_quantized joined exactly these
+    (or their bases, under adapters: each adapter's update is then added to its part)."""
+    bases = [_base(layer) for layer in layers]
+    group = getattr(bases[0], "fused_group", None)
+    if group is not None and len(group[1]) == len(layers) and all(a is b for a, b in zip(group[1], bases)):
+        parts = group[0](x).split([m.out_features for m in bases], dim=-1)
+        return tuple(y if layer is base else y + layer.update(x).to(y.dtype)
+                     for y, layer, base in zip(parts, layers, bases))
     return tuple(layer(x) for layer in layers)
 
 
