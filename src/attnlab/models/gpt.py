@@ -225,6 +225,14 @@ _decoder_block(cfg) for _ in range(cfg.n_layers))
         self.caches = None
         self._fused = None
 
+    def set_kv_caches(self, caches: list) -> None:
+        """Use these per-layer caches instead of setup_kv_cache's: objects with KVCache's interface
+        (length, start, window, max_len, reserve, update), e.g. nn/prefix_kv.SharedPrefixKV, which
+        keeps a prompt shared by a batch differentiable in training. clear_kv_cache() drops them."""
+        if len(caches) != len(self.layers):
+            raise ValueError(f"need one cache per layer ({len(self.layers)}), got {len(caches)}")
+        self.caches, self._fused = list(caches), None
+
     @property
     def max_chunk(self) -> int | None:
         """Most new tokens one forward() may add to a rolling cache (None = no limit beyond max_len)."""
@@ -283,7 +291,7 @@ _decoder_block(cfg) for _ in range(cfg.n_layers))
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, need_weights: bool = False,
-                logits_to_keep: int = 0) -> GPTOutput:
+                logits_to_keep: int | torch.Tensor = 0) -> GPTOutput:
         """Args:
             input_ids: (B, T) int64 new tokens.
             attention_mask: (B, S) bool/int over every position so far (cached and new), 1 = real
@@ -292,17 +300,24 @@ _decoder_block(cfg) for _ in range(cfg.n_layers))
                 offset being the number of cached positions.
             need_weights: also return each layer's attention weights (the math path).
             logits_to_keep: compute the logits of the last N positions only (generation needs just
-                the last one; the output projection is the largest matrix); 0 = all T.
+                the last one; the output projection is the largest matrix); 0 = all T. Or a (B, T)
+                bool tensor: the logits of the positions marked True only (training on some
+                positions: a fine-tune's response tokens).
         Returns:
-            GPTOutput(logits (B, T, V), or (B, N, V) with logits_to_keep N, in the parameters'
+            GPTOutput(logits (B, T, V), or (B, N, V) with logits_to_keep N, or (N, V) for the N
+            marked positions (row-major order) with a bool logits_to_keep, in the parameters'
             dtype; aux_loss (); attentions or None).
         Raises:
             ValueError: when a position is past max_seq_len for absolute positions, the KV cache
                 would overflow, or logits_to_keep is negative.
         """
-        if logits_to_keep < 0:
+        selected = isinstance(logits_to_keep, torch.Tensor)
+        if selected and (logits_to_keep.dtype != torch.bool or logits_to_keep.shape != input_ids.shape):
+            raise ValueError(f"a logits_to_keep tensor must be bool of the input's shape {tuple(input_ids.shape)}, "
+                             f"got {logits_to_keep.dtype} {tuple(logits_to_keep.shape)}")
+        if not selected and logits_to_keep < 0:
             raise ValueError(f"logits_to_keep must be >= 0 (0 = every position), got {logits_to_keep}")
-        logits = self._fused_logits(input_ids, attention_mask, position_ids, need_weights)
+        logits = None if selected else self._fused_logits(input_ids, attention_mask, position_ids, need_weights)
         if logits is not None:
             return GPTOutput(logits, logits.new_zeros(()))
         b, t = input_ids.shape
@@ -327,6 +342,8 @@ _decoder_block(cfg) for _ in range(cfg.n_layers))
             x, aux = out.hidden, aux + out.aux_loss
             if need_weights:
                 attentions.append(out.attn_weights)
-        if logits_to_keep:
+        if selected:
+            x = x[logits_to_keep]  # (N, D)
+        elif logits_to_keep:
             x = x[:, -logits_to_keep:]
         return GPTOutput(self.lm_head(self.norm(x)), aux / len(self.layers), attentions)
