@@ -7,12 +7,13 @@ from pathlib import Path
 from attnlab.interop.gguf_write import write_gguf
 from attnlab.jsonfile import read_json, write_json_atomic
 from attnlab.load import load_model
+from attnlab.nn.lora import merge_lora
 from attnlab.tasks.registry import get_task
 
 
 def convert(source: str, out_dir: str | Path, quantize: str | None = None) -> dict:
-    """Write the model at `source` (a name, a .gguf file, a HF directory or one of our run
-    directories) to `out_dir` as config.json + model.safetensors + tokenizer files, or, when
+    """Write the model at `source` (a name, a .gguf file, a HF directory, a PEFT adapter directory or
+    one of our run directories; a fine-tune's adapters merged into the weights) to `out_dir` as config.json + model.safetensors + tokenizer files, or, when
     `out_dir` ends in .gguf, as one GGUF file (interop/gguf_write.py; LLaMA-family GPT models) with
     its weight matrices at `quantize` ("fp32" by default, "q8_0", "q4_0", "q4_1").
 
@@ -26,9 +27,10 @@ def convert(source: str, out_dir: str | Path, quantize: str | None = None) -> di
     out = Path(out_dir)
     if out.suffix == ".gguf":
         loaded = load_model(source, "fp32")
-        if loaded.model_type != "gpt":
+        if loaded.model_type not in ("gpt", "finetune"):
             raise ValueError(f"GGUF export holds LLaMA-family GPT models; {source} is a {loaded.model_type} model")
-        record = write_gguf(loaded.model, loaded.tokenizer, out, quantize or "fp32", loaded.chat_template)
+        model = merge_lora(loaded.model)  # a fine-tune's adapters folded in (a no-op for a plain model)
+        record = write_gguf(model, loaded.tokenizer, out, quantize or "fp32", loaded.chat_template)
         return {"from": str(loaded.source), **record, "architecture": "llama",
                 "parameters": loaded.model.num_parameters()}
     if quantize is not None:

@@ -18,11 +18,14 @@ from attnlab.jsonfile import read_json
 from attnlab.nn.quant import SCHEMES
 from attnlab.nn.quant_linear import check_dtype, set_dtype
 from attnlab.pretrained import resolve
+from attnlab.interop.peft import load_adapter, read_adapter_config
+from attnlab.nn.lora import merge_lora
+from attnlab.tasks.finetune_base import read_chat_template
 from attnlab.tasks.registry import load_run
 from attnlab.tokenizers import ByteLevelBPE
-from attnlab.train.run_dir import is_run_dir
+from attnlab.train.run_dir import ADAPTER_CONFIG, is_run_dir
 
-CAUSAL = ("gpt", "mamba")  # model types that continue a prompt (generate, chat)
+CAUSAL = ("gpt", "mamba", "finetune")  # model types that continue a prompt (generate, chat)
 ENCODERS = ("bert",)   # model types that embed text
 
 
@@ -69,7 +72,7 @@ def _check_kind(loaded: Loaded, wanted: tuple[str, ...], what: str) -> Loaded:
 def _at_dtype(loaded: Loaded, dtype: str) -> Loaded:
     """Convert a loaded fp32 model to `dtype` (nn.quant_linear.set_dtype); block quantization is
     for GPT-family models only."""
-    if dtype in SCHEMES and loaded.model_type != "gpt":
+    if dtype in SCHEMES and loaded.model_type not in ("gpt", "finetune"):
         raise ValueError(f"--dtype {dtype} (quantized weights) is implemented for GPT-family models; "
                          f"{loaded.source} is a {loaded.model_type} model (use fp32 or bf16)")
     set_dtype(loaded.model, dtype)
@@ -78,8 +81,8 @@ def _at_dtype(loaded: Loaded, dtype: str) -> Loaded:
 
 def load_model(name_or_path: str, dtype: str = "auto") -> Loaded:
     """Any model: a name (smollm2-135m, all-minilm-l6-v2), a GGUF file, a HF model directory
-    (config.json + safetensors + tokenizer.json: llama, mistral, qwen2, mixtral, gpt2, mamba, bert) or one
-    of our run directories, at `dtype` (nn.quant_linear.DTYPES): "auto" = as stored (a GGUF file's
+    (config.json + safetensors + tokenizer.json: llama, mistral, qwen2, mixtral, gpt2, mamba, bert), a
+    PEFT LoRA adapter directory (on the base it names), or one of our run directories, at `dtype` (nn.quant_linear.DTYPES): "auto" = as stored (a GGUF file's
     Q8_0 / Q4_0 / Q4_1 matrices stay quantized; everything else fp32), "fp32" (GGUF dequantized: the
     reference), "bf16", or a block quantization "q8_0" / "q4_0" / "q4_1" (GPT-family models).
 
@@ -97,12 +100,14 @@ def load_model(name_or_path: str, dtype: str = "auto") -> Loaded:
 
 
 def _load_directory(path: Path) -> Loaded:
-    """A run directory or a HF model directory, fp32."""
+    """A run directory, a PEFT adapter directory or a HF model directory, fp32."""
+    if (path / ADAPTER_CONFIG).is_file() and not is_run_dir(path):
+        return _load_adapter_dir(path)
     config = _model_dir(path)
     if is_run_dir(path):
         run = load_run(path)
         special = _special_strings(run.tokenizer, run.model.cfg) if run.model_type in CAUSAL else {}
-        return Loaded(run.model, run.tokenizer, run.model_type, path, None, special,
+        return Loaded(run.model, run.tokenizer, run.model_type, path, read_chat_template(path), special,
                       max_seq_len=getattr(run.model.cfg, "max_seq_len", None))
     if config.get("model_type") == "bert":
         model, tokenizer, _, limit = load_hf_bert(str(path))
@@ -116,6 +121,25 @@ def _load_directory(path: Path) -> Loaded:
     if (path / "tokenizer_config.json").is_file():
         template = json.loads((path / "tokenizer_config.json").read_text()).get("chat_template")
     return Loaded(model.eval(), tokenizer, model_type, path, template, _special_strings(tokenizer, model.cfg))
+
+
+def _load_adapter_dir(path: Path) -> Loaded:
+    """A PEFT LoRA adapter directory (e.g. one peft wrote): its base (adapter_config.json's
+    base_model_name_or_path, any model load_model takes) with the adapters merged into its fp32
+    weights; the directory's own tokenizer.json and chat template where it has them."""
+    settings = read_adapter_config(path / ADAPTER_CONFIG)
+    if not settings.base:
+        raise ValueError(f"{path / ADAPTER_CONFIG}: base_model_name_or_path is not set; attnlab loads an adapter "
+                         f"on the model it names")
+    base = load_model(settings.base, "fp32")
+    if base.model_type != "gpt":
+        raise ValueError(f"{path}: its base {settings.base} is a {base.model_type} model; LoRA adapters load on "
+                         f"GPT-family models")
+    load_adapter(base.model, path)
+    merge_lora(base.model)
+    tokenizer = ByteLevelBPE.load(path / "tokenizer.json") if (path / "tokenizer.json").is_file() else base.tokenizer
+    template = read_chat_template(path) or base.chat_template
+    return Loaded(base.model.eval(), tokenizer, "gpt", path, template, _special_strings(tokenizer, base.model.cfg))
 
 
 def load_causal_lm(name_or_path: str, dtype: str = "auto") -> Loaded:

@@ -24,7 +24,7 @@ import torch
 from attnlab.config import Config
 from attnlab.models.base import Model
 from attnlab.train import distributed
-from attnlab.train.checkpoint import load_weights
+from attnlab.train.checkpoint import load_weights, save_weights
 from attnlab.train.config import TrainConfig
 from attnlab.train.guards import check_batch_memory
 from attnlab.train.loop import Trainer, optimizer_factory
@@ -72,6 +72,9 @@ class Prepared:
     run_info: dict = field(default_factory=dict)  # extra config.json entries (labels, normalization)
     init_state: dict | None = None         # weights to start from (fine-tuning); heads may be missing
     summary: str = ""                      # one log line about the data
+    save_best: Callable | None = None      # writes the best weights (None: checkpoint.save_weights)
+    build_model: Callable | None = None    # model_cfg -> the model, in place of Task.build_model (a fine-tune:
+                                           # the loaded base with its adapters); called after seeding
 
 
 def upgrade_sections(saved: dict, data_config: type) -> dict:
@@ -199,7 +202,7 @@ class Task:
         spec = self._settings(out, recipe, resume)
         prepared = self.prepare(spec)
         torch.manual_seed(spec.train_cfg.seed)
-        model = self.build_model(prepared.model_cfg)
+        model = (prepared.build_model or self.build_model)(prepared.model_cfg)
         if prepared.init_state is not None and not resume:
             model.load_state_dict({**model.state_dict(), **prepared.init_state})
         check_world(prepared.objective, model, spec.train_cfg.parallel)
@@ -215,7 +218,7 @@ class Task:
                 prepared.save_files(out)
             log.info("model: %.2fM parameters%s", model.num_parameters() / 1e6,
                      f"; {prepared.summary}" if prepared.summary else "")
-            return fit(model, prepared.objective, spec.train_cfg, out, resume, self.rate_key)
+            return fit(model, prepared.objective, spec.train_cfg, out, resume, self.rate_key, prepared.save_best)
 
     def load(self, path: str | Path) -> Run:
         """Load a trained run directory (config.json, model.safetensors and the tokenizer).
@@ -266,7 +269,7 @@ def check_world(objective, model: Model, parallel: str) -> None:
 
 
 def fit(model: Model, objective, train_cfg: TrainConfig, out: Path, resume: bool,
-        rate_key: str = "tokens_per_s") -> dict:
+        rate_key: str = "tokens_per_s", save_best: Callable | None = None) -> dict:
     """Train with the shared loop (resuming from out/checkpoint when asked) and return the final
     record with "parameters", "steps" and the training rate under `rate_key` (units the objective's
     loss counts: tokens, sentences or images per second). Under torchrun the model runs as
@@ -278,7 +281,8 @@ def fit(model: Model, objective, train_cfg: TrainConfig, out: Path, resume: bool
     strategy = None
     if distributed.current_world().distributed:
         strategy = make_strategy(model, objective, optimizer_factory(train_cfg), train_cfg.parallel)
-    trainer = Trainer(model, objective, train_cfg, out, getattr(model.cfg, "d_model", 512), strategy)
+    trainer = Trainer(model, objective, train_cfg, out, getattr(model.cfg, "d_model", 512), strategy,
+                      save_best or save_weights)
     if resume:
         trainer.resume()
     record = trainer.fit()

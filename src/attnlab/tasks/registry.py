@@ -10,11 +10,12 @@ from attnlab.interop.hf_mamba import save_mamba_hf
 from attnlab.jsonfile import read_json
 from attnlab.models.mamba import Mamba, MambaConfig
 from attnlab.tasks.base import Run, Task
+from attnlab.tasks.finetune import FinetuneTask
 from attnlab.tasks.language_model import LanguageModelTask
 from attnlab.tasks.text_classification import BertTask
 from attnlab.tasks.translation import TranslationTask
 from attnlab.tasks.vision import VisionTask
-from attnlab.train.run_dir import check_model_dir
+from attnlab.train.run_dir import WEIGHTS, check_model_dir
 
 TASKS: dict[str, Task] = {task.model_type: task for task in (
     TranslationTask(),
@@ -22,6 +23,7 @@ TASKS: dict[str, Task] = {task.model_type: task for task in (
     LanguageModelTask("mamba", Mamba, MambaConfig, export=save_mamba_hf),  # selective state-space LM
     BertTask(),
     VisionTask(),
+    FinetuneTask(),                                                 # LoRA / full fine-tunes of a pretrained GPT
 )}
 
 
@@ -49,7 +51,7 @@ def task_of_run(path: str | Path) -> Task:
             unknown model_type (naming the file).
     """
     path = Path(path)
-    check_model_dir(path, ("config.json", "model.safetensors"))
+    check_model_dir(path, ("config.json", WEIGHTS))
     model_type = read_json(path / "config.json").get("model_type")
     try:
         return get_task(str(model_type))

@@ -42,7 +42,7 @@ from attnlab.train.end_of_run import finish
 from attnlab.train.guards import StopSignals, TrainingInterrupted, check_finite_weights
 from attnlab.train.optim import build_optimizer, cosine_lr, noam_lr, set_lr
 from attnlab.train.parallel import OneProcess
-from attnlab.train.run_dir import CHECKPOINT_DIR, align_with_checkpoint, take_snapshot
+from attnlab.train.run_dir import CHECKPOINT_DIR, align_with_checkpoint, take_snapshot, weights_path
 from attnlab.train.state import new_state
 
 log = logging.getLogger("attnlab")
@@ -77,14 +77,19 @@ class Trainer:
 
     Args:
         model: the module to train. task: see the module docstring. cfg: TrainConfig.
-        out: run directory (holds model.safetensors = best weights, metrics.jsonl, checkpoint/).
+        out: run directory (holds the best weights, model.safetensors or a LoRA run's adapter:
+            run_dir.weights_path; metrics.jsonl, checkpoint/).
         d_model: model width, for the Noam schedule.
         strategy: how the model runs over processes (train/parallel.make_strategy, built with
             make_optimizer); None: this process alone.
+        save_best: writes the best weights, save_best(model, path) (default checkpoint.save_weights;
+            a LoRA run's writes its adapter in PEFT's format).
     """
 
-    def __init__(self, model: torch.nn.Module, task, cfg: TrainConfig, out: Path, d_model: int, strategy=None):
+    def __init__(self, model: torch.nn.Module, task, cfg: TrainConfig, out: Path, d_model: int, strategy=None,
+                 save_best=save_weights):
         self.task, self.cfg, self.out, self.d_model = task, cfg, Path(out), d_model
+        self.save_best = save_best
         self.strategy = strategy or OneProcess(model, task, optimizer_factory(cfg))
         self.model = self.strategy.model          # the plain model: evaluated and saved
         self.optimizer = self.strategy.optimizer  # its optimizer: saved in checkpoints
@@ -137,7 +142,7 @@ class Trainer:
             return
         metrics = self.out / "metrics.jsonl"
         s["metrics_bytes"] = metrics.stat().st_size if metrics.is_file() else 0
-        best = self.out / "model.safetensors" if s["best"] is not None else None
+        best = weights_path(self.out) if s["best"] is not None else None
         save_training_state(self.out / CHECKPOINT_DIR, self.model, self.optimizer, s, best)
         if snapshot:
             take_snapshot(self.out, s["step"], s["snapshots"])
@@ -169,7 +174,7 @@ class Trainer:
         improved = s["best"] is None or sign * value > sign * s["best"]
         if improved:
             if self.main:
-                save_weights(self.model, self.out / "model.safetensors")
+                self.save_best(self.model, weights_path(self.out))
             s["best"], s["best_step"] = value, s["step"]
         record = {"step": s["step"], "epoch": s["epoch"], "elapsed_s": round(self.elapsed(), 1), **metrics,
                   **extra, "best": s["best"]}
