@@ -93,3 +93,22 @@ def test_encode_cuts_after_the_stop_token_and_drops_long_pairs():
                                                    max_len=40)
     assert dropped == 1 and len(examples) == 1
     assert examples.responses[0][-1] == stop and tok.decode(examples.responses[0]) == "there<|im_end|>"
+
+
+def test_activation_checkpointing_gives_the_same_loss_and_gradients():
+    model = _model()
+    batch = collate(EXAMPLES, [0, 1, 2, 3], 0, share_prefix=True)
+    plain, plain_grads = _loss_and_grads(model, batch)
+    model.checkpoint_layers = True
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
+        response_logits(model, batch)
+    recomputed, grads = _loss_and_grads(model, batch)
+    assert torch.equal(plain, recomputed)
+    for name, g in plain_grads.items():
+        assert torch.allclose(grads[name], g, atol=1e-7, rtol=1e-6), name
+    model.checkpoint_layers = False
+    unsaved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: unsaved.append(t.numel()) or t, lambda t: t):
+        response_logits(model, batch)
+    assert sum(saved) < 0.6 * sum(unsaved)  # fewer activations kept (the parameters are among both)

@@ -11,6 +11,7 @@ from typing import ClassVar, Literal, Optional
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from attnlab.config import Config, check, check_literals
 from attnlab.models.base import Model
@@ -164,6 +165,10 @@ class GPT(Model):
     blocks of masked self-attention and FFN/MoE, a final norm (Pre-LN) and the output projection
     (tied to the embeddings when cfg.tie_embeddings).
 
+    Activation checkpointing (`checkpoint_layers = True`): in training, each layer keeps only its
+    input and recomputes its activations in the backward pass (torch.utils.checkpoint, non-reentrant;
+    Chen et al. 2016): activation memory of one layer instead of L, for one more forward pass.
+
     Incremental decoding: setup_kv_cache() allocates one KVCache per layer; forward() then appends
     to them and attends to all cached positions; clear_kv_cache() frees them. The caller (generate.py)
     owns positions and padding: it passes position_ids and the key-padding attention_mask. One new
@@ -195,6 +200,7 @@ _decoder_block(cfg) for _ in range(cfg.n_layers))
         self.lm_head = Linear(d, cfg.vocab_size, bias=False)
         self.caches: list[KVCache] | None = None
         self._fused: FusedDecoder | bool | None = None  # the fused decode step: None = not built yet, False = n/a
+        self.checkpoint_layers = False  # training: keep only each layer's input, recompute the rest in backward
         self._init_weights()
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
@@ -336,9 +342,11 @@ _decoder_block(cfg) for _ in range(cfg.n_layers))
         x = self.dropout(x)
         aux, attentions = x.new_zeros(()), [] if need_weights else None
         token_mask = None if attention_mask is None else attention_mask[:, -t:].bool()  # (B, T) real new tokens
+        recompute = self.checkpoint_layers and self.training and torch.is_grad_enabled()
         for i, layer in enumerate(self.layers):
-            out = layer(x, mask=mask, cache=self.caches[i] if self.caches else None, rope=rope,
-                        need_weights=need_weights, is_causal=is_causal, token_mask=token_mask)
+            kwargs = dict(mask=mask, cache=self.caches[i] if self.caches else None, rope=rope,
+                          need_weights=need_weights, is_causal=is_causal, token_mask=token_mask)
+            out = checkpoint(layer, x, use_reentrant=False, **kwargs) if recompute else layer(x, **kwargs)
             x, aux = out.hidden, aux + out.aux_loss
             if need_weights:
                 attentions.append(out.attn_weights)

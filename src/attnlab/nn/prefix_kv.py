@@ -12,8 +12,8 @@ runs through the expansion, so the prefix's gradient is the sum of the rows' (th
 broadcast). The saving is (B − 1)·P positions of every layer per step, forward and backward.
 
 Used through GPT.set_kv_caches (one per layer): the first forward (the (1, P) prefix) records the
-prefix's keys and values, the second (the (B, T) rows, positions P..P+T−1) returns them expanded
-in front of its own. Unlike KVCache nothing is pre-allocated or written in place, so the graph keeps
+prefix's keys and values, the next (the (B, T) rows, positions P..P+T−1) gets them expanded in
+front of its own. Unlike KVCache nothing is pre-allocated or written in place, so the graph keeps
 every tensor; the cache lives for one loss computation. With dropout, the prefix draws one mask that
 all rows share.
 """
@@ -25,11 +25,11 @@ import torch
 class SharedPrefixKV:
     """KVCache's interface (length, start, window, max_len, reserve, update) for one layer:
     records a (1, K, P, Dh) prefix at the first update, then prepends it, expanded to the batch, to
-    the keys/values of the next update (module docstring).
+    the keys/values of every later update (module docstring). Later updates keep nothing, so a layer
+    run again on the same rows (activation checkpointing's recomputation) gets the same result.
 
     Raises:
-        ValueError: at a third update (the cache serves one prefix and one batch of rows), or when
-            the first update has more than one row.
+        ValueError: when the first update (the prefix) has more than one row.
     """
 
     window = None  # no sliding window
@@ -38,8 +38,7 @@ class SharedPrefixKV:
     def __init__(self):
         self.k: torch.Tensor | None = None  # (1, K, P, Dh)
         self.v: torch.Tensor | None = None
-        self.length = 0                      # P after the prefix: the rows' first position
-        self.updates = 0
+        self.length = 0                      # P once the prefix is in: the rows' first position
 
     @property
     def max_len(self) -> int:
@@ -49,20 +48,16 @@ class SharedPrefixKV:
         pass
 
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """First call: the prefix's k, v (1, K, P, Dh), kept and returned. Second call: the rows'
+        """First call: the prefix's k, v (1, K, P, Dh), kept and returned. Later calls: the rows'
         k, v (B, K, T, Dh) -> (B, K, P + T, Dh) each, the prefix expanded in front."""
-        self.updates += 1
-        if self.updates == 1:
+        if self.k is None:
             if k.size(0) != 1:
                 raise ValueError(f"the shared prefix is one row, got {k.size(0)}")
             self.k, self.v, self.length = k, v, k.size(2)
             return k, v
-        if self.updates > 2:
-            raise ValueError("SharedPrefixKV serves one prefix and one batch of rows; make a new one per batch")
         b = k.size(0)
         keys = torch.cat([self.k.expand(b, -1, -1, -1), k], dim=2)  # (B, K, P + T, Dh)
         values = torch.cat([self.v.expand(b, -1, -1, -1), v], dim=2)
-        self.length += k.size(2)
         return keys, values
 
     def memory_bytes(self) -> int:

@@ -57,6 +57,8 @@ class FinetuneConfig(Config):
     lora_dropout: float = 0.0         # dropout on the adapters' input (training only)
     lora_targets: str = ",".join(TARGETS)  # comma-separated layers to adapt (q_proj ... down_proj)
     use_rslora: bool = False          # scale by α / √r instead (rank-stabilised LoRA, PEFT's use_rslora)
+    activation_checkpointing: bool = False  # recompute each layer's activations in the backward pass: the
+                                      # activation memory of one layer, for one more forward pass per step
 
     def __post_init__(self):
         check_literals(self)
@@ -171,6 +173,7 @@ class FinetuneTask(Task):
                            model_cfg.use_rslora)
             else:
                 model.requires_grad_(True)
+            model.checkpoint_layers = model_cfg.activation_checkpointing
             log.info("fine-tuning %s (%s): %.2fM of %.2fM parameters trained", model_cfg.base, model_cfg.base_dtype,
                      trainable_parameters(model) / 1e6, model.num_parameters() / 1e6)
             return model

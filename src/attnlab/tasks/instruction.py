@@ -54,10 +54,16 @@ def response_logits(model, batch: InstructionBatch) -> torch.Tensor:
     if not batch.prefix.numel():
         return model(batch.ids, logits_to_keep=batch.keep).logits
     model.set_kv_caches([SharedPrefixKV() for _ in model.layers])
+    recompute = model.checkpoint_layers
     try:
+        # The prefix's few positions keep their activations: a recomputed prefix layer would find its
+        # own keys already cached (activation checkpointing recomputes the rows' layers only).
+        model.checkpoint_layers = False
         model(batch.prefix[None], logits_to_keep=torch.zeros(1, batch.prefix.numel(), dtype=torch.bool))
+        model.checkpoint_layers = recompute
         return model(batch.ids, logits_to_keep=batch.keep).logits
     finally:
+        model.checkpoint_layers = recompute
         model.clear_kv_cache()
 
 

@@ -1,0 +1,201 @@
+"""Benchmark: fine-tuning SmolLM2-135M-Instruct with LoRA on Multi30k En→De, in parts that run alone.
+
+    python bench/finetune.py --part step     [--steps 12] [--threads 2]  # our LoRA step vs peft + transformers
+    python bench/finetune.py --part curve    [--steps 100]               # the same, loss curves (1 thread each)
+    python bench/finetune.py --part memory   [--steps 4]                 # peak memory: LoRA, QLoRA, full fine-tune
+    python bench/finetune.py --part zero-shot                            # test BLEU of SmolLM2 as it is
+    python bench/finetune.py --part budget   --minutes 10 30             # LoRA and multi30k-en-de, same budgets
+    python bench/finetune.py --part evaluate                             # test BLEU of the budget part's runs
+    ... [--json bench/results/finetune.json]   (each part's record is merged into the file under its name)
+
+Each part prints one JSON line with the host (lscpu model name and flags, threads, measured fp32
+GFLOP/s and bandwidth). `step` and `curve` run each side in its own process (bench/_finetune_sides.py)
+on the same batches (our length-bucketed batches of ~1,024 tokens), from the same initial adapters
+(rank 8, α 16, all seven projections), with the same Adam settings and clipping; tokens/s counts
+the input tokens without padding (and, separately, the response tokens the loss covers). `budget`
+trains the smollm2-lora-multi30k recipe and our multi30k-en-de Transformer at the same time, one
+thread each (same machine, same conditions, half the wall time), copying each run after every
+budget (the next budget resumes it: a 30-minute run is the 10-minute run continued). Timed parts
+(step, budget) want a quiet machine: `cpu-slot quiet python bench/finetune.py --part step`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from _common import ROOT, SHARED
+
+SIDES = Path(__file__).with_name("_finetune_sides.py")
+WORK = ROOT / "runs" / "bench-finetune"
+PY = sys.executable
+
+
+def host(threads: int) -> dict:
+    """lscpu's model name and the flags that matter, the threads, this machine's measured peaks."""
+    info = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
+    flags = set(fields.get("Flags", "").split())
+    return {"cpu": fields.get("Model name", "?").strip(), "threads": threads,
+            "flags": sorted(f for f in flags if f in ("avx512_vnni", "avx512_bf16") or f.startswith("amx")),
+            **peaks(threads)}
+
+
+def peaks(threads: int) -> dict:
+    """../shared/tools/machine_peaks.py on `threads` threads (fp32 GFLOP/s, bandwidth), or {}."""
+    tool = SHARED / "tools" / "machine_peaks.py"
+    if not tool.is_file():
+        return {}
+    out = subprocess.run([PY, str(tool), "--threads", str(threads)], capture_output=True, text=True, check=True)
+    return {k: v for k, v in json.loads(out.stdout.strip().splitlines()[-1]).items() if k != "threads"}
+
+
+def side(name: str, threads: int, *options: str) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT / "src")}
+    out = subprocess.run([PY, str(SIDES), name, "--threads", str(threads), *options], env=env, capture_output=True,
+                         text=True)
+    if out.returncode:
+        raise SystemExit(f"{name} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def hf_export() -> Path:
+    """SmolLM2 as a Hugging Face directory (our export: the GGUF dequantized), made once."""
+    folder = WORK / "smollm2-hf"
+    if not (folder / "model.safetensors").is_file():
+        subprocess.run([PY, "-m", "attnlab", "convert", "--from", "smollm2-135m", "--to", str(folder)], check=True)
+    return folder
+
+
+def rates(record: dict, warm: int) -> dict:
+    """Input and response tokens per second over the steps after the first `warm`."""
+    s = sum(record["seconds"][warm:])
+    return {"input_tokens_per_s": round(sum(record["input_tokens"][warm:]) / s, 1),
+            "response_tokens_per_s": round(sum(record["response_tokens"][warm:]) / s, 1),
+            "seconds_per_step": round(s / len(record["seconds"][warm:]), 3)}
+
+
+def part_step(args, curve: bool = False) -> dict:
+    """Our LoRA step (the loop's, with and without the shared prefix) against peft + transformers."""
+    threads = 1 if curve else args.threads
+    common = ["--steps", str(args.steps), "--batch-tokens", str(args.batch_tokens)]
+    init = WORK / "init_adapters.safetensors"
+    WORK.mkdir(parents=True, exist_ok=True)
+    side("init", 1, "--out", str(init))
+    peft = side("peft", threads, "--init", str(init), "--hf", str(hf_export()), *common)
+    ours = side("ours", threads, "--init", str(init), *common)
+    ours_plain = None if curve else side("ours", threads, "--init", str(init), "--no-share-prefix", *common)
+    warm = 0 if curve else min(2, args.steps - 1)
+    rel = [abs(a - b) / abs(b) for a, b in zip(ours["losses"], peft["losses"])]
+    record = {"steps": args.steps, "batch_tokens": args.batch_tokens, "rank": 8, "alpha": 16, "targets": 7,
+              "trainable_parameters": ours["trainable_parameters"],
+              "optimizer_state_bytes": {"ours": ours["optimizer_state_bytes"], "peft": peft["optimizer_state_bytes"]},
+              "loss_rel_diff_last": round(rel[-1], 6), "loss_rel_diff_max": round(max(rel), 6),
+              "peak_rss_mb": {"ours": ours["steps_peak_rss_mb"], "peft": peft["steps_peak_rss_mb"]}}
+    if curve:
+        return {**record, "losses_ours": [round(x, 5) for x in ours["losses"]],
+                "losses_peft": [round(x, 5) for x in peft["losses"]]}
+    r_ours, r_plain, r_peft = rates(ours, warm), rates(ours_plain, warm), rates(peft, warm)
+    return {**record, "warmup_steps_excluded": warm, "ours": r_ours, "ours_no_shared_prefix": r_plain, "peft": r_peft,
+            "speedup": round(r_ours["input_tokens_per_s"] / r_peft["input_tokens_per_s"], 3),
+            "speedup_no_shared_prefix": round(r_plain["input_tokens_per_s"] / r_peft["input_tokens_per_s"], 3)}
+
+
+def part_memory(args) -> dict:
+    """Peak resident memory of the training steps (after loading): LoRA on the fp32 base, LoRA on the
+    GGUF's own Q4_1 blocks (QLoRA), and the full fine-tune, each in its own process."""
+    init = WORK / "init_adapters.safetensors"
+    common = ["--init", str(init), "--steps", str(args.steps), "--batch-tokens", str(args.batch_tokens)]
+    side("init", 1, "--out", str(init))
+    runs = {"lora_fp32": side("ours", args.threads, *common),
+            "qlora_q4_1": side("ours", args.threads, *common, "--base-dtype", "auto"),
+            "full": side("ours", args.threads, *common, "--rank", "0", "--lr", "1e-5")}
+    out = {k: {"steps_peak_rss_mb": r["steps_peak_rss_mb"], "rss_before_steps_mb": r["rss_before_steps_mb"],
+               "process_peak_rss_mb": r["peak_rss_mb"], "trainable_parameters": r["trainable_parameters"],
+               "optimizer_state_bytes": r["optimizer_state_bytes"]} for k, r in runs.items()}
+    full = out["full"]["steps_peak_rss_mb"]
+    return {"steps": args.steps, "batch_tokens": args.batch_tokens, **out,
+            "lora_over_full": round(out["lora_fp32"]["steps_peak_rss_mb"] / full, 3),
+            "qlora_over_full": round(out["qlora_q4_1"]["steps_peak_rss_mb"] / full, 3)}
+
+
+def part_zero_shot(args) -> dict:
+    """SmolLM2-135M-Instruct as it is, the recipe's prompt, greedy, on test_2016_flickr."""
+    from attnlab.recipes import get_recipe
+    from attnlab.tasks.finetune import translation_bleu
+    from attnlab.tasks.finetune_base import load_base
+    base = load_base("smollm2-135m", "fp32")
+    t0 = time.perf_counter()
+    record = translation_bleu(base.model, base.tokenizer, base.chat_template, get_recipe("smollm2-lora-multi30k").data,
+                              "test", args.limit)
+    return {**record, "seconds": round(time.perf_counter() - t0, 1)}
+
+
+RUNS = {"lora": ["--recipe", "smollm2-lora-multi30k"], "transformer": ["--recipe", "multi30k-en-de"]}
+
+
+def part_budget(args) -> dict:
+    """Both recipes at once, one thread each, to each budget in turn (resumed), copied after each."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
+    out: dict = {"concurrent": "both trainings ran at the same time, one thread each (OMP_NUM_THREADS=1)"}
+    for i, minutes in enumerate(args.minutes):
+        procs = {name: subprocess.Popen([PY, "-m", "attnlab", "train", *recipe, "--out", str(WORK / name),
+                                         "--minutes", str(minutes)] + (["--resume"] if i else ["--set", "threads=1"]),
+                                        env=env, stdout=subprocess.PIPE, text=True)
+                 for name, recipe in RUNS.items()}
+        for name, proc in procs.items():
+            stdout, _ = proc.communicate()
+            if proc.returncode:
+                raise SystemExit(f"{name} ({minutes} min) failed with exit code {proc.returncode}")
+            final = json.loads(stdout.strip().splitlines()[-1])
+            out[f"{name}_{minutes:g}min"] = {k: final.get(k) for k in ("steps", "tokens_per_s", "best", "best_step",
+                                                                        "val_bleu", "val_loss")}
+            copy = WORK / f"{name}-{minutes:g}min"
+            shutil.rmtree(copy, ignore_errors=True)
+            shutil.copytree(WORK / name, copy, ignore=shutil.ignore_patterns("checkpoint", "snapshots", ".lock"))
+    return out
+
+
+def part_evaluate(args) -> dict:
+    """Test BLEU of the budget part's copies: LoRA greedy (and beam 4), the Transformer beam 4 and greedy."""
+    from attnlab.tasks.registry import evaluate_run
+    out = {}
+    for copy in sorted(WORK.glob("*-*min")):
+        name = copy.name
+        out[name] = {"greedy": evaluate_run(copy, "test", args.limit, beam=1)["bleu"],
+                     "beam4": evaluate_run(copy, "test", args.limit, beam=4)["bleu"]}
+    return out
+
+
+PARTS = {"step": part_step, "curve": lambda a: part_step(a, curve=True), "memory": part_memory,
+         "zero-shot": part_zero_shot, "budget": part_budget, "evaluate": part_evaluate}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--part", required=True, choices=PARTS)
+    ap.add_argument("--steps", type=int, help="step / curve / memory: optimizer steps (12 / 100 / 4)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batch-tokens", type=int, default=1024)
+    ap.add_argument("--minutes", type=float, nargs="+", default=[10, 30], help="budget: the budgets, in order")
+    ap.add_argument("--limit", type=int, help="zero-shot / evaluate: the first N test sentences only")
+    ap.add_argument("--json", help="merge this part's record into this JSON file")
+    args = ap.parse_args()
+    args.steps = args.steps or {"step": 12, "curve": 100, "memory": 4}.get(args.part, 0)
+    threads = 1 if args.part in ("curve", "budget") else args.threads
+    record = {"part": args.part, "host": host(threads), **PARTS[args.part](args)}
+    print(json.dumps(record))
+    if args.json:
+        path = Path(args.json)
+        merged = json.loads(path.read_text()) if path.is_file() else {}
+        merged[args.part] = record
+        path.write_text(json.dumps(merged, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
