@@ -149,3 +149,17 @@ def test_a_base_without_chat_template_is_refused(tiny_chat_base, lora_run, tmp_p
     with pytest.raises(ValueError, match="no chat template"):
         train(plain, tmp_path / "run", 2)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_two_processes_train_the_adapters_of_one(tiny_chat_base, lora_run, tmp_path, monkeypatch, one_thread,
+                                                 parallel):
+    from tests.conftest import TINY_FT
+    from tests.train.distributed_runs import max_difference, one_process, torchrun, weights
+    argv = ["--recipe", "smollm2-lora-multi30k", *(a for s in TINY_FT for a in ("--set", s)),
+            "--set", f"base={tiny_chat_base}", "--set", "eps=1e-4", "--steps", "5"]
+    one_process(monkeypatch, lora_run[2], [*argv, "--out", str(tmp_path / "one")])
+    result = torchrun(lora_run[2], [*argv, "--set", f"parallel={parallel}", "--out", str(tmp_path / "two")])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert max_difference(weights(tmp_path / "one"), weights(tmp_path / "two")) < 1e-5
+    assert (tmp_path / "two" / "adapter_model.safetensors").is_file()

@@ -36,6 +36,7 @@ from attnlab.tasks.finetune_base import TOKENIZER_CONFIG, Base, base_name, load_
 from attnlab.tasks.instruction import InstructionObjective, render_pair, render_prompt
 from attnlab.tasks.translation import corpus_bleu
 from attnlab.tokenizers import ByteLevelBPE
+from attnlab.train import distributed
 from attnlab.train.checkpoint import load_weights
 from attnlab.train.run_dir import ADAPTER_CONFIG, ADAPTER_WEIGHTS, WEIGHTS, check_model_dir
 
@@ -164,7 +165,12 @@ class FinetuneTask(Task):
         args = (tokenizer, base.chat_template, base.special, data)
         train, _, dropped = _examples(*args, "train", base.model.cfg.eos_id, data.n_train)
         val, val_refs, _ = _examples(*args, "val", base.model.cfg.eos_id, data.eval_sentences)
-        objective = InstructionObjective(train, val, val_refs, tokenizer, data, spec.train_cfg.seed, 0, stop)
+        # FSDP2 cannot run a sharded layer twice in one step (the prefix, then the rows): its prefix is not shared.
+        fsdp = distributed.current_world().distributed and spec.train_cfg.parallel == "fsdp"
+        if fsdp and data.share_prefix:
+            log.info("parallel=fsdp: each row computes its own prompt prefix (share_prefix needs a layer run twice)")
+        objective = InstructionObjective(train, val, val_refs, tokenizer, data, spec.train_cfg.seed, 0, stop,
+                                         share_prefix=data.share_prefix and not fsdp)
 
         def build(model_cfg: FinetuneConfig) -> GPT:
             model = base.model

@@ -98,14 +98,16 @@ class InstructionObjective:
         train, val: tokenized examples. val_refs: the validation references (BLEU). tokenizer: to
             decode completions. data_cfg: the task's data config (batch_tokens, share_prefix,
             label_smoothing, max_new_tokens). seed: the run's. pad_id: a padding id. stop: stop ids.
+        share_prefix: compute a batch's shared prompt prefix once (None: data_cfg.share_prefix).
     """
 
     best_metric = "val_bleu"
 
     def __init__(self, train: InstructionExamples, val: InstructionExamples, val_refs: list[str], tokenizer,
-                 data_cfg, seed: int, pad_id: int, stop: list[int]):
+                 data_cfg, seed: int, pad_id: int, stop: list[int], share_prefix: bool | None = None):
         self.train, self.val, self.val_refs, self.tokenizer = train, val, val_refs, tokenizer
         self.data_cfg, self.seed, self.pad_id, self.stop = data_cfg, seed, pad_id, stop
+        self.share_prefix = data_cfg.share_prefix if share_prefix is None else share_prefix
 
     def batches(self, epoch: int) -> list[list[int]]:
         return length_batches(self.train.lengths(), self.data_cfg.batch_tokens, mix_seed(self.seed, epoch))
@@ -119,7 +121,7 @@ class InstructionObjective:
 
     def loss(self, model, batch: list[int]) -> tuple[torch.Tensor, int]:
         """Mean cross-entropy over the response tokens of the examples `batch`, and their count."""
-        b = collate(self.train, batch, self.pad_id, self.data_cfg.share_prefix)
+        b = collate(self.train, batch, self.pad_id, self.share_prefix)
         logits = response_logits(model, b)
         return F.cross_entropy(logits.float(), b.targets[b.keep], label_smoothing=self.data_cfg.label_smoothing), \
             b.n_targets
@@ -130,7 +132,7 @@ class InstructionObjective:
         the validation examples."""
         total, count = 0.0, 0
         for index in length_batches(self.val.lengths(), self.data_cfg.batch_tokens, seed=0):
-            b = collate(self.val, index, self.pad_id, self.data_cfg.share_prefix)
+            b = collate(self.val, index, self.pad_id, self.share_prefix)
             total += F.cross_entropy(response_logits(model, b).float(), b.targets[b.keep], reduction="sum").item()
             count += b.n_targets
         hyps = self.decode(model, self.val.prompts)
