@@ -110,6 +110,7 @@ def side_ours(args) -> dict:
         with torch.no_grad():
             for key, t in adapter_tensors(model).items():
                 t.copy_(tensors[key])  # the same initial adapters as the peft side
+    model.checkpoint_layers = args.checkpointing
     ex = examples(base, args.examples)
     steps = length_batches(ex.lengths(), args.batch_tokens, args.seed)[:args.steps]
     data = argparse.Namespace(batch_tokens=args.batch_tokens, share_prefix=not args.no_share_prefix,
@@ -195,6 +196,7 @@ def main():
     ap.add_argument("--no-share-prefix", action="store_true")
     ap.add_argument("--base-dtype", default="fp32", help="ours: the frozen base's precision (auto = the GGUF's blocks)")
     ap.add_argument("--autocast", default="none", choices=["none", "bf16"], help="ours: TrainConfig.autocast")
+    ap.add_argument("--checkpointing", action="store_true", help="ours: activation checkpointing of every layer")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     print(json.dumps({"init": side_init, "ours": side_ours, "peft": side_peft}[args.side](args)))

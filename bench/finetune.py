@@ -55,13 +55,22 @@ def peaks(threads: int) -> dict:
     return {k: v for k, v in json.loads(out.stdout.strip().splitlines()[-1]).items() if k != "threads"}
 
 
-def side(name: str, threads: int, *options: str) -> dict:
+def start_side(name: str, threads: int, *options: str) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT / "src")}
-    out = subprocess.run([PY, str(SIDES), name, "--threads", str(threads), *options], env=env, capture_output=True,
-                         text=True)
-    if out.returncode:
-        raise SystemExit(f"{name} failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return subprocess.Popen([PY, str(SIDES), name, "--threads", str(threads), *options], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def result(name: str, proc: subprocess.Popen) -> dict:
+    stdout, stderr = proc.communicate()
+    if proc.returncode:
+        raise SystemExit(f"{name} failed:\n{stderr[-3000:]}")
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def side(name: str, threads: int, *options: str) -> dict:
+    """One side in its own process, alone (bench/_finetune_sides.py)."""
+    return result(name, start_side(name, threads, *options))
 
 
 def hf_export() -> Path:
@@ -87,9 +96,15 @@ def part_step(args, curve: bool = False) -> dict:
     init = WORK / "init_adapters.safetensors"
     WORK.mkdir(parents=True, exist_ok=True)
     side("init", 1, "--out", str(init))
-    peft = side("peft", threads, "--init", str(init), "--hf", str(hf_export()), *common)
-    ours = side("ours", threads, "--init", str(init), *common)
-    ours_plain = None if curve else side("ours", threads, "--init", str(init), "--no-share-prefix", *common)
+    if curve:  # losses do not depend on the machine's speed: both sides at once, one thread each
+        procs = {n: start_side(n, 1, "--init", str(init), *common, *extra)
+                 for n, extra in (("peft", ["--hf", str(hf_export())]), ("ours", []))}
+        peft, ours = (result(n, p) for n, p in procs.items())
+        ours_plain = None
+    else:  # timed: one side at a time
+        peft = side("peft", threads, "--init", str(init), "--hf", str(hf_export()), *common)
+        ours = side("ours", threads, "--init", str(init), *common)
+        ours_plain = side("ours", threads, "--init", str(init), "--no-share-prefix", *common)
     warm = 0 if curve else min(2, args.steps - 1)
     rel = [abs(a - b) / abs(b) for a, b in zip(ours["losses"], peft["losses"])]
     record = {"steps": args.steps, "batch_tokens": args.batch_tokens, "rank": 8, "alpha": 16, "targets": 7,
@@ -108,20 +123,23 @@ def part_step(args, curve: bool = False) -> dict:
 
 def part_memory(args) -> dict:
     """Peak resident memory of the training steps (after loading): LoRA on the fp32 base, LoRA on the
-    GGUF's own Q4_1 blocks (QLoRA), and the full fine-tune, each in its own process."""
+    GGUF's own Q4_1 blocks (QLoRA), and the full fine-tune, each in its own process, without and with
+    activation checkpointing."""
     init = WORK / "init_adapters.safetensors"
     common = ["--init", str(init), "--steps", str(args.steps), "--batch-tokens", str(args.batch_tokens)]
     side("init", 1, "--out", str(init))
-    runs = {"lora_fp32": side("ours", args.threads, *common),
-            "qlora_q4_1": side("ours", args.threads, *common, "--base-dtype", "auto"),
-            "full": side("ours", args.threads, *common, "--rank", "0", "--lr", "1e-5")}
+    variants = {"lora_fp32": [], "qlora_q4_1": ["--base-dtype", "auto"], "full": ["--rank", "0", "--lr", "1e-5"]}
+    runs = {f"{name}{suffix}": side("ours", args.threads, *common, *options, *more)
+            for suffix, more in (("", []), ("_checkpointing", ["--checkpointing"])) for name, options in variants.items()}
     out = {k: {"steps_peak_rss_mb": r["steps_peak_rss_mb"], "rss_before_steps_mb": r["rss_before_steps_mb"],
                "process_peak_rss_mb": r["peak_rss_mb"], "trainable_parameters": r["trainable_parameters"],
                "optimizer_state_bytes": r["optimizer_state_bytes"]} for k, r in runs.items()}
-    full = out["full"]["steps_peak_rss_mb"]
-    return {"steps": args.steps, "batch_tokens": args.batch_tokens, **out,
-            "lora_over_full": round(out["lora_fp32"]["steps_peak_rss_mb"] / full, 3),
-            "qlora_over_full": round(out["qlora_q4_1"]["steps_peak_rss_mb"] / full, 3)}
+    ratios = {f"{name}{suffix}_over_full{suffix}": round(out[f"{name}{suffix}"]["steps_peak_rss_mb"]
+                                                         / out[f"full{suffix}"]["steps_peak_rss_mb"], 3)
+              for suffix in ("", "_checkpointing") for name in ("lora_fp32", "qlora_q4_1")}
+    return {"steps": args.steps, "batch_tokens": args.batch_tokens, **out, **ratios,
+            "note": "peak resident memory of the training steps, after loading (VmHWM reset after malloc_trim); "
+                    "a process with torch imported holds ~250 MB before any model"}
 
 
 def part_zero_shot(args) -> dict:
