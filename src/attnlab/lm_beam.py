@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from attnlab.errors import UserError
 from attnlab.generate import EARLY_STOPPING, best_reachable, length_penalty
 
 
@@ -67,14 +68,14 @@ def lm_beam_search(model, prompts: list[list[int]], beam_size: int = 4, max_new_
     Returns:
         B lists of new ids (the best finished hypothesis), without the stop token.
     Raises:
-        ValueError: for beam_size < 1, max_new_tokens < 1, an empty prompt or an unknown early_stopping.
+        UserError: for beam_size < 1, max_new_tokens < 1, an empty prompt or an unknown early_stopping.
     Source: Wu et al. 2016, §7 (length penalty); Vaswani et al. 2017, §6.1.
     """
     if beam_size < 1 or max_new_tokens < 1 or not prompts or not all(prompts):
-        raise ValueError(f"need beam_size >= 1, max_new_tokens >= 1 and non-empty prompts, got beam_size={beam_size}, "
+        raise UserError(f"need beam_size >= 1, max_new_tokens >= 1 and non-empty prompts, got beam_size={beam_size}, "
                          f"max_new_tokens={max_new_tokens}")
     if early_stopping not in EARLY_STOPPING:
-        raise ValueError(f"early_stopping must be one of {EARLY_STOPPING}, got {early_stopping!r}")
+        raise UserError(f"early_stopping must be one of {EARLY_STOPPING}, got {early_stopping!r}")
     stop = set(stop_tokens if stop_tokens is not None else [model.cfg.eos_id])
     k, b = beam_size, len(prompts)
     ids, mask = _left_padded(prompts, next(model.parameters()).device)

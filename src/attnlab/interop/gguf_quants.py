@@ -23,6 +23,8 @@ from typing import Sequence
 
 import numpy as np
 
+from attnlab.errors import UserError
+
 BLOCK = 32  # weights per block of every quantized type here
 # ggml type id -> (name, bytes per block of 32, or bytes per element for the plain types)
 TYPES: dict[int, tuple[str, int]] = {0: ("F32", 4), 1: ("F16", 2), 30: ("BF16", 2),
@@ -75,12 +77,12 @@ def dequantize(raw: np.ndarray, ggml_type, shape: Sequence[int], name: str = "te
         return _dequantize_with_gguf(data, code, shape, name)
     kind, size = TYPES[code]
     if kind not in PLAIN and (not shape or shape[-1] % BLOCK):
-        raise ValueError(f"{name}: a {kind} tensor needs a last dimension that is a multiple of "
-                         f"{BLOCK}, got shape {shape}")
+        raise UserError(f"{name}: a {kind} tensor needs a last dimension that is a multiple of "
+                        f"{BLOCK}, got shape {shape}")
     expected = n * size if kind in PLAIN else n // BLOCK * size
     if data.size != expected:
-        raise ValueError(f"{name}: {kind} tensor of shape {shape} needs {expected} bytes, "
-                         f"got {data.size}")
+        raise UserError(f"{name}: {kind} tensor of shape {shape} needs {expected} bytes, "
+                        f"got {data.size}")
     if kind == "F32":
         return data.view("<f4").astype(np.float32).reshape(shape)
     if kind == "F16":
@@ -107,16 +109,16 @@ def _dequantize_with_gguf(data: np.ndarray, code: int, shape: tuple[int, ...], n
         block, size = gq.GGML_QUANT_SIZES[kind]
     except (ImportError, ValueError, KeyError):
         supported = ", ".join(n for n, _ in TYPES.values())
-        raise ValueError(f"{name}: GGUF tensor type {_type_name(code)} is not supported; supported: "
-                         f"{supported}, and the types gguf.quants decodes (pip install gguf)") from None
+        raise UserError(f"{name}: GGUF tensor type {_type_name(code)} is not supported; supported: "
+                        f"{supported}, and the types gguf.quants decodes (pip install gguf)") from None
     if not shape or shape[-1] % block:
-        raise ValueError(f"{name}: a {kind.name} tensor needs a last dimension that is a multiple of "
-                         f"{block}, got shape {shape}")
+        raise UserError(f"{name}: a {kind.name} tensor needs a last dimension that is a multiple of "
+                        f"{block}, got shape {shape}")
     expected = math.prod(shape) // block * size
     if data.size != expected:
-        raise ValueError(f"{name}: {kind.name} tensor of shape {shape} needs {expected} bytes, got {data.size}")
+        raise UserError(f"{name}: {kind.name} tensor of shape {shape} needs {expected} bytes, got {data.size}")
     try:
         out = gq.dequantize(data.reshape(-1, size), kind)  # (blocks, block)
     except NotImplementedError:
-        raise ValueError(f"{name}: GGUF tensor type {kind.name} cannot be decoded by this gguf version") from None
+        raise UserError(f"{name}: GGUF tensor type {kind.name} cannot be decoded by this gguf version") from None
     return np.ascontiguousarray(out, dtype=np.float32).reshape(shape)

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from attnlab import jsonfile
+from attnlab.errors import UserError
 from attnlab.files import atomic_directory
 from attnlab.interop.hf_config import GPT2, MIXTRAL, architecture_for
 from attnlab.interop.hf_weights import hf_name
@@ -70,30 +71,30 @@ def read_adapter_config(path: str | Path) -> AdapterSettings:
     """The settings of a PEFT adapter_config.json, checked.
 
     Raises:
-        FileNotFoundError: no such file. ValueError: naming the file and the field: not a LoRA
+        FileNotFoundError: no such file. UserError: naming the file and the field: not a LoRA
             adapter, a missing or invalid r / lora_alpha / target_modules, or an option attnlab does
             not implement (with its value).
     """
     path = Path(path)
     cfg = jsonfile.read_json(path)
     if cfg.get("peft_type") != "LORA":
-        raise ValueError(f"{path}: peft_type is {cfg.get('peft_type')!r}; attnlab loads LoRA adapters ('LORA') only")
+        raise UserError(f"{path}: peft_type is {cfg.get('peft_type')!r}; attnlab loads LoRA adapters ('LORA') only")
     for key, allowed in _DEFAULTS.items():
         value = cfg.get(key)
         if not (value is None or value == allowed or (isinstance(value, (dict, list)) and not value)):
-            raise ValueError(f"{path}: {key}={value!r} is not supported (attnlab implements {key}={allowed!r})")
+            raise UserError(f"{path}: {key}={value!r} is not supported (attnlab implements {key}={allowed!r})")
     rank, alpha, targets = cfg.get("r"), cfg.get("lora_alpha"), cfg.get("target_modules")
     if not (isinstance(rank, int) and not isinstance(rank, bool) and rank >= 1):
-        raise ValueError(f"{path}: r must be an integer >= 1, got {rank!r}")
+        raise UserError(f"{path}: r must be an integer >= 1, got {rank!r}")
     if not (isinstance(alpha, (int, float)) and not isinstance(alpha, bool) and alpha > 0):
-        raise ValueError(f"{path}: lora_alpha must be a number > 0, got {alpha!r}")
+        raise UserError(f"{path}: lora_alpha must be a number > 0, got {alpha!r}")
     if not (isinstance(targets, str) or (isinstance(targets, list) and targets
                                          and all(isinstance(t, str) for t in targets))):
-        raise ValueError(f"{path}: target_modules must be a list of module names or a regular expression, "
+        raise UserError(f"{path}: target_modules must be a list of module names or a regular expression, "
                          f"got {targets!r}")
     pattern = cfg.get("rank_pattern") or {}
     if not (isinstance(pattern, dict) and all(isinstance(v, int) and v >= 1 for v in pattern.values())):
-        raise ValueError(f"{path}: rank_pattern must map module patterns to ranks >= 1, got {pattern!r}")
+        raise UserError(f"{path}: rank_pattern must map module patterns to ranks >= 1, got {pattern!r}")
     dropout = cfg.get("lora_dropout") or 0.0
     return AdapterSettings(rank, float(alpha), targets, float(dropout), bool(cfg.get("use_rslora", False)),
                            cfg.get("base_model_name_or_path"), pattern)
@@ -104,11 +105,11 @@ def hf_module_name(model, name: str) -> str:
     model.layers.0.self_attn.o_proj).
 
     Raises:
-        ValueError: for a model with no LLaMA-family Hugging Face form (PEFT's names would differ).
+        UserError: for a model with no LLaMA-family Hugging Face form (PEFT's names would differ).
     """
     arch = architecture_for(model.cfg)
     if arch in (GPT2, MIXTRAL):
-        raise ValueError(f"LoRA adapters in PEFT's format are written for LLaMA-family models (Llama, Mistral, "
+        raise UserError(f"LoRA adapters in PEFT's format are written for LLaMA-family models (Llama, Mistral, "
                          f"Qwen2); this model's Hugging Face form is {arch}")
     return hf_name(arch, f"{name}.weight")[0].removesuffix(".weight")
 
@@ -124,7 +125,7 @@ def matched_layers(model, settings: AdapterSettings) -> list[str]:
     """Our names of the linear layers an adapter with `settings` covers (PEFT's rule, module doc).
 
     Raises:
-        ValueError: when it covers none.
+        UserError: when it covers none.
     """
     names = [n for n in linear_layers(model) if n != "lm_head"]
     if settings.target_modules == "all-linear":
@@ -132,7 +133,7 @@ def matched_layers(model, settings: AdapterSettings) -> list[str]:
     else:
         found = [n for n in names if _matches(settings.target_modules, hf_module_name(model, n))]
     if not found:
-        raise ValueError(f"target_modules {settings.target_modules!r} match no linear layer of the base model")
+        raise UserError(f"target_modules {settings.target_modules!r} match no linear layer of the base model")
     return found
 
 
@@ -179,7 +180,7 @@ def load_adapter_weights(model, path: str | Path) -> None:
     """Load adapter_model.safetensors at `path` into the model's adapters (cast to their dtype).
 
     Raises:
-        FileNotFoundError: no such file. ValueError: naming the file and the tensor: damaged,
+        FileNotFoundError: no such file. UserError: naming the file and the tensor: damaged,
             non-finite, missing, unexpected or mis-shaped (the adapter is for another base or rank).
     """
     path = Path(path)
@@ -190,12 +191,12 @@ def load_adapter_weights(model, path: str | Path) -> None:
         own[f"{key}.lora_A.weight"], own[f"{key}.lora_B.weight"] = layer.lora_A.weight, layer.lora_B.weight
     missing, unexpected = sorted(own.keys() - tensors.keys()), sorted(tensors.keys() - own.keys())
     if missing or unexpected:
-        raise ValueError(f"{path} does not match the adapters its config describes on this base: missing tensors "
+        raise UserError(f"{path} does not match the adapters its config describes on this base: missing tensors "
                          f"{missing[:3]}, unexpected tensors {unexpected[:3]}")
     for key, param in own.items():
         t = tensors[key]
         if tuple(t.shape) != tuple(param.shape) or not t.is_floating_point():
-            raise ValueError(f"{path}: tensor {key!r} is {t.dtype} {tuple(t.shape)}, the adapter needs "
+            raise UserError(f"{path}: tensor {key!r} is {t.dtype} {tuple(t.shape)}, the adapter needs "
                              f"{tuple(param.shape)} floats")
     with torch.no_grad():
         for key, param in own.items():
@@ -216,12 +217,12 @@ def load_adapter(model, folder: str | Path) -> AdapterSettings:
     adapters wrapped per its config, its weights loaded. Returns its settings.
 
     Raises:
-        FileNotFoundError, ValueError: as read_adapter_config and load_adapter_weights; an adapter
+        FileNotFoundError, UserError: as read_adapter_config and load_adapter_weights; an adapter
             saved only as a pickle (adapter_model.bin) is refused before anything is read.
     """
     folder = Path(folder)
     if not (folder / ADAPTER_WEIGHTS).is_file() and (folder / "adapter_model.bin").is_file():
-        raise ValueError(f"{folder} holds a pickled adapter (adapter_model.bin) and no {ADAPTER_WEIGHTS}; attnlab "
+        raise UserError(f"{folder} holds a pickled adapter (adapter_model.bin) and no {ADAPTER_WEIGHTS}; attnlab "
                          f"never unpickles weights: save it with safe_serialization=True")
     settings = read_adapter_config(folder / ADAPTER_CONFIG)
     apply_adapter_settings(model, settings)

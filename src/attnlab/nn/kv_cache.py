@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from attnlab.errors import UserError
+
 
 class KVCache:
     """Keys and values of the tokens decoded so far, in tensors allocated once.
@@ -28,7 +30,7 @@ class KVCache:
                  dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
                  window: int | None = None):
         if window is not None and not 1 <= window <= max_len:
-            raise ValueError(f"a rolling KV cache needs 1 <= window <= max_len={max_len}, got {window}")
+            raise UserError(f"a rolling KV cache needs 1 <= window <= max_len={max_len}, got {window}")
         shape = (batch_size, n_kv_heads, max_len, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # (B, K, L, Dh)
         self.v = torch.zeros(shape, dtype=dtype, device=device)  # (B, K, L, Dh)
@@ -70,11 +72,11 @@ class KVCache:
         held = self.length - self.start
         if held + new > self.max_len:
             if self.window is None:
-                raise ValueError(f"KV cache overflow: {self.length + new} tokens > max_len={self.max_len}")
+                raise UserError(f"KV cache overflow: {self.length + new} tokens > max_len={self.max_len}")
             keep = min(self.window - 1, held)
             if keep + new > self.max_len:
-                raise ValueError(f"{new} new tokens do not fit a rolling KV cache of {self.max_len} positions "
-                                 f"with window {self.window}; feed at most {self.max_len - self.window + 1} at a time")
+                raise UserError(f"{new} new tokens do not fit a rolling KV cache of {self.max_len} positions "
+                                f"with window {self.window}; feed at most {self.max_len - self.window + 1} at a time")
             self.k[:, :, :keep] = self.k[:, :, held - keep:held].clone()
             self.v[:, :, :keep] = self.v[:, :, held - keep:held].clone()
             self.start = self.length - keep

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnlab.errors import UserError
 from attnlab.nn.linear import Linear
 from attnlab.nn.quant import dequantize
 from attnlab.nn.quant_linear import QuantLinear
@@ -65,7 +66,7 @@ class LoRALinear(nn.Module):
         dropout: dropout probability on the update's input (the base sees x unchanged).
         use_rslora: scale α / √r instead of α / r.
     Raises:
-        ValueError: for a rank < 1, alpha <= 0, a dropout outside [0, 1) or a base of another kind.
+        UserError: for a rank < 1, alpha <= 0, a dropout outside [0, 1) or a base of another kind.
     Source: Hu et al. 2021, §4.1; PEFT tuners/lora/layer.py (Linear, update_layer, reset_lora_parameters).
     """
 
@@ -73,13 +74,13 @@ class LoRALinear(nn.Module):
                  use_rslora: bool = False):
         super().__init__()
         if not isinstance(base_layer, (nn.Linear, QuantLinear)):
-            raise ValueError(f"LoRA wraps nn.Linear or QuantLinear layers, not {type(base_layer).__name__}")
+            raise UserError(f"LoRA wraps nn.Linear or QuantLinear layers, not {type(base_layer).__name__}")
         if not (isinstance(rank, int) and rank >= 1):
-            raise ValueError(f"LoRA rank must be an integer >= 1, got {rank!r}")
+            raise UserError(f"LoRA rank must be an integer >= 1, got {rank!r}")
         if not alpha > 0:
-            raise ValueError(f"LoRA alpha must be > 0, got {alpha!r}")
+            raise UserError(f"LoRA alpha must be > 0, got {alpha!r}")
         if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"LoRA dropout must be in [0, 1), got {dropout!r}")
+            raise UserError(f"LoRA dropout must be in [0, 1), got {dropout!r}")
         self.base_layer = base_layer.requires_grad_(False)
         self.rank, self.alpha, self.use_rslora = rank, float(alpha), use_rslora
         self.scaling = self.alpha / (math.sqrt(rank) if use_rslora else rank)
@@ -139,11 +140,11 @@ def target_pattern(targets) -> re.Pattern:
 
 
 def check_targets(targets) -> tuple[str, ...]:
-    """The targets as a tuple, or ValueError naming an unknown one (listing TARGETS)."""
+    """The targets as a tuple, or UserError naming an unknown one (listing TARGETS)."""
     targets = tuple(targets)
     unknown = [t for t in targets if t not in TARGETS]
     if unknown or not targets:
-        raise ValueError(f"LoRA target modules must be a non-empty list of {', '.join(TARGETS)}; got {list(targets)}")
+        raise UserError(f"LoRA target modules must be a non-empty list of {', '.join(TARGETS)}; got {list(targets)}")
     return targets
 
 
@@ -157,7 +158,7 @@ def apply_lora(model: nn.Module, targets, rank: int, alpha: float, dropout: floa
     Returns:
         the wrapped modules' names (attnlab's).
     Raises:
-        ValueError: an unknown or unmatched target, an invalid rank / alpha / dropout, or a model that
+        UserError: an unknown or unmatched target, an invalid rank / alpha / dropout, or a model that
             already has adapters.
     """
     targets = check_targets(targets)
@@ -165,7 +166,7 @@ def apply_lora(model: nn.Module, targets, rank: int, alpha: float, dropout: floa
     names = [n for n in linear_layers(model) if pattern.fullmatch(n)]
     missing = [t for t in targets if not any(n.rsplit(".", 1)[-1] == MODULE_NAMES.get(t, t) for n in names)]
     if missing:
-        raise ValueError(f"LoRA target module(s) {missing} match no linear layer of {type(model).__name__}")
+        raise UserError(f"LoRA target module(s) {missing} match no linear layer of {type(model).__name__}")
     return adapt(model, names, rank, alpha, dropout, use_rslora)
 
 
@@ -181,11 +182,11 @@ def adapt(model: nn.Module, names: list[str], rank: int, alpha: float, dropout: 
     Args:
         ranks: {name: (rank, alpha)} for layers whose rank or alpha differ (PEFT's rank_pattern).
     Raises:
-        ValueError: for a model that already has adapters, a name that is not a linear layer, or an
+        UserError: for a model that already has adapters, a name that is not a linear layer, or an
             invalid rank / alpha / dropout.
     """
     if lora_layers(model):
-        raise ValueError("the model already has LoRA adapters (merge_lora them first)")
+        raise UserError("the model already has LoRA adapters (merge_lora them first)")
     model.requires_grad_(False)
     for name in names:
         module = model.get_submodule(name)

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from attnlab.errors import UserError
+
 BLOCK = 32                                  # weights per block
 SCHEMES = ("q8_0", "q4_0", "q4_1")          # block types a QuantLinear holds
 GGML_TYPE = {"q8_0": 8, "q4_0": 2, "q4_1": 3}  # ggml type ids (GGMLQuantizationType)
@@ -50,14 +52,14 @@ class QuantWeight:
 def check_scheme(scheme: str) -> str:
     """Return scheme, or raise ValueError naming it and the supported ones."""
     if scheme not in SCHEMES:
-        raise ValueError(f"quantization {scheme!r} is not supported; supported: {', '.join(SCHEMES)}")
+        raise UserError(f"quantization {scheme!r} is not supported; supported: {', '.join(SCHEMES)}")
     return scheme
 
 
 def _blocks(w: torch.Tensor) -> torch.Tensor:
     if w.dim() != 2 or w.shape[1] % BLOCK:
-        raise ValueError(f"block quantization needs a 2-D weight whose last dimension is a multiple of "
-                         f"{BLOCK}, got shape {tuple(w.shape)}")
+        raise UserError(f"block quantization needs a 2-D weight whose last dimension is a multiple of "
+                        f"{BLOCK}, got shape {tuple(w.shape)}")
     return w.detach().to(torch.float32).reshape(-1, BLOCK)  # (O·NB, 32)
 
 
@@ -157,7 +159,7 @@ def from_gguf_blocks(raw, scheme: str, shape: tuple[int, int]) -> QuantWeight:
         torch.from_numpy(np.ascontiguousarray(raw).reshape(-1).view(np.uint8).copy())  # (bytes,)
     nb = cols // BLOCK
     if cols % BLOCK or data.numel() != rows * nb * size:
-        raise ValueError(f"a {scheme} tensor of shape {shape} needs {rows * nb * size} bytes, got {data.numel()}")
+        raise UserError(f"a {scheme} tensor of shape {shape} needs {rows * nb * size} bytes, got {data.numel()}")
     blocks = data.reshape(rows, nb, size)
     d = blocks[..., 0:2].contiguous().view(torch.float16).reshape(rows, nb)
     if scheme == "q8_0":

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from attnlab.errors import UserError
 from attnlab.nn.quant import BLOCK, QuantWeight, dequantize, quantize_activations
 
 SOURCES = [Path(__file__).with_name(n) for n in ("quant_kernel.cpp", "fused_decode.cpp")]
@@ -132,13 +133,13 @@ def quant_matmul(x: torch.Tensor, qw: QuantWeight, impl: str | None = None) -> t
     """
     out_features, in_features = qw.shape
     if x.shape[-1] != in_features:
-        raise ValueError(f"input has {x.shape[-1]} features, the quantized weight expects {in_features}")
+        raise UserError(f"input has {x.shape[-1]} features, the quantized weight expects {in_features}")
     if impl not in (None, "cpp", "torch"):
-        raise ValueError(f"impl must be 'cpp', 'torch' or None, got {impl!r}")
+        raise UserError(f"impl must be 'cpp', 'torch' or None, got {impl!r}")
     x2 = x.reshape(-1, in_features).to(torch.float32)
     use_cpp = (impl or kernel()) == "cpp" and x.device.type == "cpu" and (in_features // BLOCK) % 2 == 0
     if use_cpp and impl == "cpp" and kernel() != "cpp":
-        raise ValueError("the C++ quantized kernel is not available here")
+        raise UserError("the C++ quantized kernel is not available here")
     if use_cpp and x2.shape[0] >= PREFILL_ROWS:
         w = torch.ops.attnlab_quant.dequantize_bf16(qw.qs, qw.d, qw.m, SCHEME_ID[qw.scheme])
         y = F.linear(x2.to(torch.bfloat16), w).to(torch.float32)

@@ -23,22 +23,24 @@ from attnlab.chat import stop_tokens
 from attnlab.config import Config, check, check_literals
 from attnlab.data.instructions import InstructionExamples
 from attnlab.data.translation import read_parallel
-from attnlab.interop.hf import save_hf
-from attnlab.interop.peft import (AdapterSettings, adapter_config, apply_adapter_settings, hf_module_name,
-                                  load_adapter_weights, read_adapter_config, save_adapter_weights)
+from attnlab.errors import UserError
+from attnlab.interop.peft import (AdapterSettings, adapter_config, hf_module_name, load_adapter, read_adapter_config,
+                                  save_adapter_weights)
 from attnlab.jsonfile import write_json_atomic
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.nn.lora import TARGETS, apply_lora, check_targets, lora_layers, merge_lora, trainable_parameters
 from attnlab.nn.quant import SCHEMES
 from attnlab.nn.quant_linear import QuantLinear
-from attnlab.tasks.base import Prepared, Run, RunSpec, Task
-from attnlab.tasks.finetune_base import TOKENIZER_CONFIG, Base, base_name, load_base, read_chat_template, special_strings
-from attnlab.tasks.instruction import InstructionObjective, render_pair, render_prompt
-from attnlab.tasks.translation import corpus_bleu
+from attnlab.tasks.base import Prepared, RunSpec, Task
+from attnlab.tasks.finetune_base import TOKENIZER_CONFIG, base_name, load_base, read_chat_template
+from attnlab.tasks.instruction import InstructionObjective, render_pair, translation_bleu
+from attnlab.tasks.kinds import Kind
+from attnlab.tasks.language_model import special_strings
+from attnlab.tasks.loaded import LoadedModel
 from attnlab.tokenizers import ByteLevelBPE
 from attnlab.train import distributed
 from attnlab.train.checkpoint import load_weights
-from attnlab.train.run_dir import ADAPTER_CONFIG, ADAPTER_WEIGHTS, WEIGHTS, check_model_dir
+from attnlab.train.run_dir import ADAPTER_CONFIG, WEIGHTS, check_model_dir
 
 log = logging.getLogger("attnlab")
 
@@ -69,8 +71,8 @@ class FinetuneConfig(Config):
         check(0.0 <= self.lora_dropout < 1.0, "lora_dropout", "in [0, 1)", self.lora_dropout)
         try:
             check_targets(self.targets)
-        except ValueError:
-            raise ValueError(f"lora_targets must be a comma-separated list of {', '.join(TARGETS)}, "
+        except UserError:
+            raise UserError(f"lora_targets must be a comma-separated list of {', '.join(TARGETS)}, "
                              f"got {self.lora_targets!r}") from None
         quantized = self.base_dtype in SCHEMES or self.base_dtype == "auto"
         check(self.lora_rank > 0 or not quantized, "base_dtype", "fp32 or bf16 for a full fine-tune (lora_rank=0: "
@@ -131,28 +133,39 @@ def _examples(base_tokenizer, template: str, special: dict, data: InstructionDat
 
 
 class FinetuneTask(Task):
-    """Fine-tunes of a pretrained GPT-family model on instruction pairs ("finetune": LoRA or full)."""
+    """Fine-tunes of a pretrained GPT-family model on instruction pairs ("finetune": LoRA or full),
+    and PEFT adapter directories. A loaded run is a GPT (adapters merged, or beside a quantized base):
+    its LoadedModel's task is the GPT family's, which says what it can do (quantize, export, serve).
+
+    Args:
+        family: the registry's GPT task (it reads the bases: GGUF files, HF directories, GPT runs).
+    """
 
     model_type, model_class, model_config, data_config = "finetune", GPT, FinetuneConfig, InstructionDataConfig
+    kind, description = Kind.CAUSAL_LM, "a fine-tuned decoder-only language model (LoRA or full)"
+    quantizable, servable, exports_hf, reads_adapters = True, True, True, True
     evaluate_options = ("beam",)
+
+    def __init__(self, family: Task):
+        self.family = family
 
     def load_tokenizer(self, path: Path) -> ByteLevelBPE:
         return ByteLevelBPE.load(path / "tokenizer.json")
 
-    def base(self, cfg: FinetuneConfig) -> Base:
+    def base(self, cfg: FinetuneConfig) -> LoadedModel:
         """The run's base model, checked: a LLaMA-family GPT (PEFT's names) without experts, with a
         chat template.
 
         Raises:
-            ValueError, FileNotFoundError: naming what is wrong or missing.
+            UserError, FileNotFoundError: naming what is wrong or missing.
         """
-        base = load_base(cfg.base, cfg.base_dtype)
+        base = load_base(cfg.base, cfg.base_dtype, self.family)
         if base.chat_template is None:
-            raise ValueError(f"base={cfg.base}: the model has no chat template (instruction pairs are rendered with "
+            raise UserError(f"base={cfg.base}: the model has no chat template (instruction pairs are rendered with "
                              f"the model's own template); fine-tune an instruction model such as smollm2-135m")
         if base.model.cfg.n_experts:
-            raise ValueError(f"base={cfg.base}: LoRA fine-tuning of mixture-of-experts models is not implemented")
-        hf_module_name(base.model, "layers.0.self_attn.q_proj")  # PEFT's names exist (LLaMA family), else ValueError
+            raise UserError(f"base={cfg.base}: LoRA fine-tuning of mixture-of-experts models is not implemented")
+        hf_module_name(base.model, "layers.0.self_attn.q_proj")  # PEFT's names exist (LLaMA family), else UserError
         return base
 
     def prepare(self, spec: RunSpec) -> Prepared:
@@ -197,13 +210,13 @@ class FinetuneTask(Task):
                         summary=f"{len(train)} training pairs ({dropped} longer than max_len left out), "
                                 f"{train.response_tokens()} response tokens per epoch")
 
-    def load(self, path: str | Path) -> Run:
+    def load(self, path: str | Path) -> LoadedModel:
         """A fine-tune run: the base with its adapters (merged into fp32 / bf16 weights: the plain
         model; kept beside a quantized base, whose kernels then run) or, for a full fine-tune, its
         own weights.
 
         Raises:
-            FileNotFoundError: naming what is missing. ValueError: a damaged file, or a base that is
+            FileNotFoundError: naming what is missing. UserError: a damaged file, or a base that is
                 not the one the run was trained on (another architecture or vocabulary).
         """
         path = Path(path)
@@ -214,17 +227,36 @@ class FinetuneTask(Task):
             model = GPT(base_cfg)
             load_weights(model, path / WEIGHTS)
         else:
-            model = load_base(cfg.base, cfg.base_dtype).model
+            model = load_base(cfg.base, cfg.base_dtype, self.family).model
             if model.cfg != base_cfg:
-                raise ValueError(f"{path}: its base {cfg.base} is no longer the model it was trained on "
-                                 f"(config {model.cfg} != {base_cfg})")
-            apply_adapter_settings(model, read_adapter_config(path / ADAPTER_CONFIG))
-            load_adapter_weights(model, path / ADAPTER_WEIGHTS)
-            if not any(isinstance(m.base_layer, QuantLinear) for m in lora_layers(model).values()):
-                merge_lora(model)
-        return Run(model.eval(), self.load_tokenizer(path), saved, path)
+                raise UserError(f"{path}: its base {cfg.base} is no longer the model it was trained on "
+                                f"(config {model.cfg} != {base_cfg})")
+            _with_adapter(model, path)
+        tokenizer = self.load_tokenizer(path)
+        return LoadedModel(model.eval(), tokenizer, self.family, path, saved, read_chat_template(path),
+                           special_strings(tokenizer, model.cfg))
 
-    def evaluate_run(self, run: Run, split: str | None, limit: int | None, beam: int | None = None) -> dict:
+    def load_hf(self, path: Path) -> LoadedModel:
+        """A PEFT adapter directory (one peft wrote, or one of our LoRA runs' files elsewhere): the
+        base its adapter_config.json names (base_model_name_or_path: a pretrained name or a path)
+        with the adapters, as load() gives a run; the directory's own tokenizer.json and chat template
+        where it has them.
+
+        Raises:
+            FileNotFoundError, UserError: naming what is missing or unsupported (no base named, an
+                option attnlab does not implement, tensors that do not fit the base).
+        """
+        settings = read_adapter_config(path / ADAPTER_CONFIG)
+        if not settings.base:
+            raise UserError(f"{path / ADAPTER_CONFIG}: base_model_name_or_path is not set; attnlab loads an adapter "
+                            f"on the model it names")
+        base = load_base(settings.base, "fp32", self.family)
+        _with_adapter(base.model, path)
+        tokenizer = ByteLevelBPE.load(path / "tokenizer.json") if (path / "tokenizer.json").is_file() else base.tokenizer
+        return LoadedModel(base.model.eval(), tokenizer, self.family, path, chat_template=read_chat_template(path)
+                           or base.chat_template, special=special_strings(tokenizer, base.model.cfg))
+
+    def evaluate_run(self, run: LoadedModel, split: str | None, limit: int | None, beam: int | None = None) -> dict:
         """sacreBLEU of the completions on a split ("test" = the data's test split, "val", "train"),
         greedy or with `beam` (default: the run's beam_size), against the raw references.
 
@@ -236,31 +268,13 @@ class FinetuneTask(Task):
 
     def export_hf(self, model: GPT, tokenizer, out: Path, tokenizer_file: Path | None = None) -> None:
         """The merged model (adapters folded in: nn.lora.merge_lora) as a Hugging Face directory."""
-        save_hf(merge_lora(model), out, tokenizer)
+        self.family.export_hf(merge_lora(model), tokenizer, out, tokenizer_file)
 
 
-def translation_bleu(model: GPT, tokenizer, template: str, data: InstructionDataConfig, split: str | None = None,
-                     limit: int | None = None, beam: int | None = None) -> dict:
-    """sacreBLEU of a chat model's completions of `data`'s instructions on a split ("test" = the data's
-    test split, "val", "train"; the first `limit` pairs), greedy or with `beam` (default
-    data.beam_size), against the raw references: a fine-tune's evaluation, or a base model's zero-shot.
+def _with_adapter(model: GPT, folder: Path) -> None:
+    """Put the PEFT adapter in `folder` on `model` and merge it into float weights (a quantized base
+    keeps it beside: its kernels run, nn/lora.py)."""
+    load_adapter(model, folder)
+    if not any(isinstance(m.base_layer, QuantLinear) for m in lora_layers(model).values()):
+        merge_lora(model)
 
-    Returns:
-        {"split", "n", "bleu", "beam"}.
-    Raises:
-        ValueError: for an unknown split.
-    """
-    splits = {"train": "train", "val": "val", "test": data.test_split, data.test_split: data.test_split}
-    split = split or "test"
-    if split not in splits:
-        raise ValueError(f"unknown split {split!r}; known: train, val, test (= {data.test_split})")
-    src, refs = read_parallel(data.dataset, splits[split], data.src_lang, data.tgt_lang)
-    src, refs = src[:limit], refs[:limit]
-    special = special_strings(tokenizer, model.cfg)
-    prompts = tokenizer.encode_batch([render_prompt(template, special, data.instruction.format(source=s), data.system)
-                                      for s in src], allowed_special="all")
-    stop = stop_tokens(tokenizer, model.cfg.eos_id)
-    empty = InstructionExamples([], [])
-    beam = beam or data.beam_size
-    hyps = InstructionObjective(empty, empty, [], tokenizer, data, 0, 0, stop).decode(model, prompts, beam)
-    return {"split": splits[split], "n": len(src), "bleu": round(corpus_bleu(hyps, refs), 2), "beam": beam}

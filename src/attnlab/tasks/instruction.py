@@ -9,12 +9,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from attnlab.chat import render_chat
+from attnlab.chat import render_chat, stop_tokens
 from attnlab.data.instructions import InstructionBatch, InstructionExamples, collate, length_batches
+from attnlab.data.translation import read_parallel
+from attnlab.errors import UserError
 from attnlab.generate import generate
 from attnlab.lm_beam import lm_beam_search
 from attnlab.nn.prefix_kv import SharedPrefixKV
 from attnlab.seeding import mix_seed
+from attnlab.tasks.language_model import special_strings
 from attnlab.tasks.translation import corpus_bleu
 from attnlab.train.losses import perplexity
 
@@ -35,14 +38,14 @@ def render_pair(template: str, special: dict, instruction: str, response: str, s
     for the assistant's turn after the prompt (the answer, its end-of-turn token and whatever follows).
 
     Raises:
-        ValueError: when the template's full conversation does not start with its generation prompt
+        UserError: when the template's full conversation does not start with its generation prompt
             (a template that renders the last turn differently cannot be trained this way).
     """
     prompt = render_prompt(template, special, instruction, system)
     full = render_chat(template, messages(instruction, system) + [{"role": "assistant", "content": response}],
                        False, special.get("bos", ""), special.get("eos", ""))
     if not full.startswith(prompt):
-        raise ValueError("the chat template renders a conversation with an assistant turn differently from its "
+        raise UserError("the chat template renders a conversation with an assistant turn differently from its "
                          "generation prompt; instruction pairs cannot be split into prompt and response with it")
     return prompt, full[len(prompt):]
 
@@ -101,7 +104,7 @@ class InstructionObjective:
         share_prefix: compute a batch's shared prompt prefix once (None: data_cfg.share_prefix).
     """
 
-    best_metric = "val_bleu"
+    best_metric, higher_is_better, leaves_parameters_unused = "val_bleu", True, False
 
     def __init__(self, train: InstructionExamples, val: InstructionExamples, val_refs: list[str], tokenizer,
                  data_cfg, seed: int, pad_id: int, stop: list[int], share_prefix: bool | None = None):
@@ -145,3 +148,31 @@ class InstructionObjective:
         ids = complete(model, prompts, self.stop, self.data_cfg.max_new_tokens, beam_size,
                        self.data_cfg.length_penalty)
         return [self.tokenizer.decode(t).strip() for t in ids]
+
+
+def translation_bleu(model, tokenizer, template: str, data, split: str | None = None,
+                     limit: int | None = None, beam: int | None = None) -> dict:
+    """sacreBLEU of a chat model's completions of `data`'s instructions (tasks.finetune's
+    InstructionDataConfig) on a split ("test" = the data's test split, "val", "train"; the first
+    `limit` pairs), greedy or with `beam` (default data.beam_size), against the raw references: a
+    fine-tune's evaluation, or a base model's zero-shot.
+
+    Returns:
+        {"split", "n", "bleu", "beam"}.
+    Raises:
+        UserError: for an unknown split.
+    """
+    splits = {"train": "train", "val": "val", "test": data.test_split, data.test_split: data.test_split}
+    split = split or "test"
+    if split not in splits:
+        raise UserError(f"unknown split {split!r}; known: train, val, test (= {data.test_split})")
+    src, refs = read_parallel(data.dataset, splits[split], data.src_lang, data.tgt_lang)
+    src, refs = src[:limit], refs[:limit]
+    special = special_strings(tokenizer, model.cfg)
+    prompts = tokenizer.encode_batch([render_prompt(template, special, data.instruction.format(source=s), data.system)
+                                      for s in src], allowed_special="all")
+    stop = stop_tokens(tokenizer, model.cfg.eos_id)
+    empty = InstructionExamples([], [])
+    beam = beam or data.beam_size
+    hyps = InstructionObjective(empty, empty, [], tokenizer, data, 0, 0, stop).decode(model, prompts, beam)
+    return {"split": splits[split], "n": len(src), "bleu": round(corpus_bleu(hyps, refs), 2), "beam": beam}
