@@ -28,7 +28,9 @@ from attnlab.interop.hf_config import gpt_config_from_hf
 from attnlab.interop.peft import adapter_tensors
 from attnlab.jsonfile import read_json
 from attnlab.nn.lora import TARGETS, apply_lora, lora_layers, trainable_parameters
-from attnlab.tasks.finetune_base import load_base, read_chat_template, special_strings
+from attnlab.tasks.finetune_base import load_base, read_chat_template
+from attnlab.tasks.language_model import special_strings
+from attnlab.tasks.registry import get_task
 from attnlab.tokenizers import ByteLevelBPE
 from attnlab.tasks.instruction import InstructionObjective, render_pair
 from attnlab.train.config import TrainConfig
@@ -70,7 +72,7 @@ def steps_peak_mb() -> float:
 
 def adapted(args):
     """Our base (fp32) with fresh adapters, seeded as a run seeds them (tasks/base.py: seed, then build)."""
-    base = load_base("smollm2-135m", getattr(args, "base_dtype", "fp32"))
+    base = load_base("smollm2-135m", getattr(args, "base_dtype", "fp32"), get_task("gpt"))
     torch.manual_seed(args.seed)
     if args.rank:
         apply_lora(base.model, TARGETS, args.rank, args.alpha)

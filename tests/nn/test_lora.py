@@ -135,7 +135,7 @@ def test_quantized_base_runs_its_kernels_and_passes_gradients(monkeypatch):
 
     def counted(self, x):
         calls["product"] += 1
-        calls["group"] += int(self.out_features in (64 + 2 * 32, 2 * model.cfg.d_ff))  # a q|k|v or gate|up call
+        calls["group"] += int(self.out_features in (64 + 2 * 32, 2 * model.cfg.ffn_dim))  # a q|k|v or gate|up call
         return product(self, x)
 
     monkeypatch.setattr(QuantLinear, "product", counted)

@@ -143,7 +143,7 @@ class FinetuneTask(Task):
 
     model_type, model_class, model_config, data_config = "finetune", GPT, FinetuneConfig, InstructionDataConfig
     kind, description = Kind.CAUSAL_LM, "a fine-tuned decoder-only language model (LoRA or full)"
-    quantizable, servable, exports_hf, reads_adapters = True, True, True, True
+    quantizable, servable, reads_adapters = True, True, True  # (exports: the loaded model's GPT family)
     evaluate_options = ("beam",)
 
     def __init__(self, family: Task):
@@ -265,10 +265,6 @@ class FinetuneTask(Task):
         """
         data = InstructionDataConfig.from_dict(run.config["data"])
         return translation_bleu(run.model, run.tokenizer, read_chat_template(run.path), data, split, limit, beam)
-
-    def export_hf(self, model: GPT, tokenizer, out: Path, tokenizer_file: Path | None = None) -> None:
-        """The merged model (adapters folded in: nn.lora.merge_lora) as a Hugging Face directory."""
-        self.family.export_hf(merge_lora(model), tokenizer, out, tokenizer_file)
 
 
 def _with_adapter(model: GPT, folder: Path) -> None:
