@@ -5,7 +5,7 @@
     python bench/finetune.py --part memory   [--steps 4]                 # peak memory: LoRA, QLoRA, full fine-tune
     python bench/finetune.py --part zero-shot                            # test BLEU of SmolLM2 as it is
     python bench/finetune.py --part budget   --minutes 10 30             # LoRA and multi30k-en-de, same budgets
-    python bench/finetune.py --part evaluate                             # test BLEU of the budget part's runs
+    python bench/finetune.py --part evaluate [--beams 1 4]               # test BLEU of the budget part's runs
     ... [--json bench/results/finetune.json]   (each part's record is merged into the file under its name)
 
 Each part prints one JSON line with the host (lscpu model name and flags, threads, measured fp32
@@ -30,6 +30,11 @@ import time
 from pathlib import Path
 
 from _common import ROOT, SHARED
+
+from attnlab.recipes import get_recipe
+from attnlab.tasks.finetune_base import load_base
+from attnlab.tasks.instruction import translation_bleu
+from attnlab.tasks.registry import evaluate_run, get_task
 
 SIDES = Path(__file__).with_name("_finetune_sides.py")
 WORK = ROOT / "runs" / "bench-finetune"
@@ -73,6 +78,14 @@ def side(name: str, threads: int, *options: str) -> dict:
     return result(name, start_side(name, threads, *options))
 
 
+def optional_side(name: str, threads: int, *options: str) -> dict:
+    """A variant's side: its record, or {"error": ...} when it fails (the main comparison stands)."""
+    try:
+        return side(name, threads, *options)
+    except SystemExit as failure:
+        return {"error": str(failure)[-500:]}
+
+
 def hf_export() -> Path:
     """SmolLM2 as a Hugging Face directory (our export: the GGUF dequantized), made once."""
     folder = WORK / "smollm2-hf"
@@ -104,7 +117,8 @@ def part_step(args, curve: bool = False) -> dict:
     else:  # timed: one side at a time
         peft = side("peft", threads, "--init", str(init), "--hf", str(hf_export()), *common)
         ours = side("ours", threads, "--init", str(init), *common)
-        ours_plain = side("ours", threads, "--init", str(init), "--no-share-prefix", *common)
+        ours_plain = optional_side("ours", threads, "--init", str(init), "--no-share-prefix", *common)
+        ours_q = optional_side("ours", threads, "--init", str(init), "--base-dtype", "auto", *common)
     warm = 0 if curve else min(2, args.steps - 1)
     rel = [abs(a - b) / abs(b) for a, b in zip(ours["losses"], peft["losses"])]
     record = {"steps": args.steps, "batch_tokens": args.batch_tokens, "rank": 8, "alpha": 16, "targets": 7,
@@ -115,10 +129,17 @@ def part_step(args, curve: bool = False) -> dict:
     if curve:
         return {**record, "losses_ours": [round(x, 5) for x in ours["losses"]],
                 "losses_peft": [round(x, 5) for x in peft["losses"]]}
-    r_ours, r_plain, r_peft = rates(ours, warm), rates(ours_plain, warm), rates(peft, warm)
-    return {**record, "warmup_steps_excluded": warm, "ours": r_ours, "ours_no_shared_prefix": r_plain, "peft": r_peft,
-            "speedup": round(r_ours["input_tokens_per_s"] / r_peft["input_tokens_per_s"], 3),
-            "speedup_no_shared_prefix": round(r_plain["input_tokens_per_s"] / r_peft["input_tokens_per_s"], 3)}
+    r_ours, r_peft = rates(ours, warm), rates(peft, warm)
+    out = {**record, "warmup_steps_excluded": warm, "ours": r_ours, "peft": r_peft,
+           "speedup": round(r_ours["input_tokens_per_s"] / r_peft["input_tokens_per_s"], 3)}
+    for name, run in (("no_shared_prefix", ours_plain), ("qlora_q4_1", ours_q)):
+        if "error" in run:
+            out[f"ours_{name}"] = run
+            continue
+        r = {**rates(run, warm), "loss_rel_diff_last": round(abs(run["losses"][-1] - peft["losses"][-1])
+                                                             / peft["losses"][-1], 5)}
+        out[f"ours_{name}"], out[f"speedup_{name}"] = r, round(r["input_tokens_per_s"] / r_peft["input_tokens_per_s"], 3)
+    return out
 
 
 def part_memory(args) -> dict:
@@ -144,10 +165,7 @@ def part_memory(args) -> dict:
 
 def part_zero_shot(args) -> dict:
     """SmolLM2-135M-Instruct as it is, the recipe's prompt, greedy, on test_2016_flickr."""
-    from attnlab.recipes import get_recipe
-    from attnlab.tasks.finetune import translation_bleu
-    from attnlab.tasks.finetune_base import load_base
-    base = load_base("smollm2-135m", "fp32")
+    base = load_base("smollm2-135m", "fp32", get_task("gpt"))
     t0 = time.perf_counter()
     record = translation_bleu(base.model, base.tokenizer, base.chat_template, get_recipe("smollm2-lora-multi30k").data,
                               "test", args.limit)
@@ -161,6 +179,8 @@ def part_budget(args) -> dict:
     """Both recipes at once, one thread each, to each budget in turn (resumed), copied after each."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
     out: dict = {"concurrent": "both trainings ran at the same time, one thread each (OMP_NUM_THREADS=1)"}
+    for name in RUNS:  # a fresh start: the first budget trains from step 0
+        shutil.rmtree(WORK / name, ignore_errors=True)
     for i, minutes in enumerate(args.minutes):
         procs = {name: subprocess.Popen([PY, "-m", "attnlab", "train", *recipe, "--out", str(WORK / name),
                                          "--minutes", str(minutes)] + (["--resume"] if i else ["--set", "threads=1"]),
@@ -171,8 +191,12 @@ def part_budget(args) -> dict:
             if proc.returncode:
                 raise SystemExit(f"{name} ({minutes} min) failed with exit code {proc.returncode}")
             final = json.loads(stdout.strip().splitlines()[-1])
-            out[f"{name}_{minutes:g}min"] = {k: final.get(k) for k in ("steps", "tokens_per_s", "best", "best_step",
-                                                                        "val_bleu", "val_loss")}
+            logged = [json.loads(line) for line in (WORK / name / "metrics.jsonl").read_text().splitlines()]
+            trained = [r for r in logged if "loss" in r]
+            out[f"{name}_{minutes:g}min"] = {
+                **{k: final.get(k) for k in ("steps", "step", "elapsed_s", "best", "best_step", "val_bleu", "val_loss")},
+                "last_train_loss": trained[-1]["loss"] if trained else None,
+                "tokens_per_s_last_window": trained[-1].get("tokens_per_s") if trained else None}
             copy = WORK / f"{name}-{minutes:g}min"
             shutil.rmtree(copy, ignore_errors=True)
             shutil.copytree(WORK / name, copy, ignore=shutil.ignore_patterns("checkpoint", "snapshots", ".lock"))
@@ -180,13 +204,12 @@ def part_budget(args) -> dict:
 
 
 def part_evaluate(args) -> dict:
-    """Test BLEU of the budget part's copies: LoRA greedy (and beam 4), the Transformer beam 4 and greedy."""
-    from attnlab.tasks.registry import evaluate_run
-    out = {}
+    """Test BLEU of the budget part's copies (LoRA and the Transformer), with each of args.beams
+    (1 = greedy)."""
+    out: dict = {"n": args.limit or "all (1,000)"}
     for copy in sorted(WORK.glob("*-*min")):
-        name = copy.name
-        out[name] = {"greedy": evaluate_run(copy, "test", args.limit, beam=1)["bleu"],
-                     "beam4": evaluate_run(copy, "test", args.limit, beam=4)["bleu"]}
+        out[copy.name] = {("greedy" if k == 1 else f"beam{k}"): evaluate_run(copy, "test", args.limit, beam=k)["bleu"]
+                          for k in args.beams}
     return out
 
 
@@ -201,12 +224,14 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch-tokens", type=int, default=1024)
     ap.add_argument("--minutes", type=float, nargs="+", default=[10, 30], help="budget: the budgets, in order")
+    ap.add_argument("--beams", type=int, nargs="+", default=[1, 4], help="evaluate: beam sizes (1 = greedy)")
     ap.add_argument("--limit", type=int, help="zero-shot / evaluate: the first N test sentences only")
     ap.add_argument("--json", help="merge this part's record into this JSON file")
     args = ap.parse_args()
     args.steps = args.steps or {"step": 12, "curve": 100, "memory": 4}.get(args.part, 0)
     threads = 1 if args.part in ("curve", "budget") else args.threads
-    record = {"part": args.part, "host": host(threads), **PARTS[args.part](args)}
+    record = {"part": args.part, "command": " ".join(["python", "bench/finetune.py", *sys.argv[1:]]),
+              "host": host(threads), **PARTS[args.part](args)}
     print(json.dumps(record))
     if args.json:
         path = Path(args.json)

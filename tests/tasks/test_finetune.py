@@ -15,7 +15,9 @@ from attnlab.nn.lora import LoRALinear, lora_layers
 from attnlab.nn.quant_linear import QuantLinear
 from attnlab.tasks.registry import evaluate_run, get_task, load_run
 from attnlab.tensorfile import read_tensors
+from attnlab.train.run_dir import has_checkpoint
 from tests.conftest import tiny_finetune_recipe
+from tests.train.crash import assert_same_run, kill_at
 
 IDS = torch.tensor([[1, 40, 41, 42, 43, 44, 45, 46]])
 
@@ -75,6 +77,23 @@ def test_resume_is_bit_identical(tiny_chat_base, lora_run, tmp_path, monkeypatch
     last = [json.loads(x) for x in (tmp_path / d / "metrics.jsonl" for d in ("whole", "parts"))
             for x in [x.read_text().splitlines()[-1]]]
     assert last[0]["val_loss"] == last[1]["val_loss"]
+
+
+# kill -9 at file events of a LoRA run (12 steps: checkpoints at 0, 5, 10, 12; the best adapter at 10 and 12)
+KILLS = {"inside a checkpoint's Adam moments": "partial:*/.checkpoint.*.tmp/optimizer.safetensors#2",
+         "checkpoint swapped, old one not deleted": "swapped:*/checkpoint#3",
+         "inside the best adapter": "partial:{out}/adapter_model.safetensors#1"}
+
+
+@pytest.mark.parametrize("point", list(KILLS))
+def test_a_killed_lora_run_resumes_to_the_uninterrupted_run(tiny_chat_base, lora_run, tmp_path, monkeypatch,
+                                                            one_thread, point):
+    monkeypatch.setenv("ATTNLAB_DATA", str(lora_run[2]))
+    train(tiny_chat_base, tmp_path / "whole", 12)
+    out = tmp_path / "killed"
+    kill_at(lambda: train(tiny_chat_base, out, 12), KILLS[point].format(out=out))
+    train(tiny_chat_base, out, 12, resume=has_checkpoint(out))
+    assert_same_run(tmp_path / "whole", out)  # adapters, Adam moments, best adapter, metrics: bit for bit
 
 
 def test_evaluate_generate_and_convert(lora_run, tmp_path, monkeypatch):
