@@ -109,3 +109,47 @@ def tiny_shakespeare(tmp_path, monkeypatch):
 def tiny_lm_recipe(steps, extra=()):
     """The shakespeare-char recipe shrunk to a few seconds (with the tiny_shakespeare fixture)."""
     return get_recipe("shakespeare-char").with_overrides(TINY_LM + [f"max_steps={steps}", *extra])
+
+
+# ----------------------------------------------------------------------------- tiny chat model (fine-tuning)
+CHAT_TEMPLATE = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+                 "{{ '<|im_start|>system\\nYou are a helpful AI assistant<|im_end|>\\n' }}{% endif %}"
+                 "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}"
+                 "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+def make_chat_base(out, d_model: int = 64, seed: int = 0):
+    """A tiny random LLaMA-style instruction model as a Hugging Face directory: a byte-level BPE over
+    make_pairs' words with SmolLM2's chat tokens (<|im_start|>, <|im_end|> = eos) and chat template."""
+    import json
+
+    from attnlab.interop.hf import save_hf
+    from attnlab.models.gpt import GPT, GPTConfig
+    from attnlab.tokenizers import ByteLevelBPE
+
+    pairs = make_pairs(300, seed)
+    texts = [e for e, _ in pairs] + [d for _, d in pairs] + ["Translate to German: You are a helpful AI assistant"]
+    tok = ByteLevelBPE.train(texts, 400, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    ids = tok.special_tokens
+    torch.manual_seed(seed)
+    cfg = GPTConfig.from_name("llama", vocab_size=tok.vocab_size, d_model=d_model, n_layers=2, n_heads=4,
+                              n_kv_heads=2, max_seq_len=256, bos_id=ids["<|im_start|>"], eos_id=ids["<|im_end|>"])
+    save_hf(GPT(cfg), out, tok)
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    (out / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": CHAT_TEMPLATE}))
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_base(tmp_path_factory):
+    return make_chat_base(tmp_path_factory.mktemp("chat-base") / "base")
+
+
+TINY_FT = ["eval_every=10", "eval_sentences=8", "batch_tokens=400", "lr=0.01", "warmup_steps=2", "minutes=none",
+           "log_every=1", "checkpoint_every=5", "max_new_tokens=24"]
+
+
+def tiny_finetune_recipe(base, steps, extra=()):
+    """smollm2-lora-multi30k on a tiny chat base (with the tiny_multi30k fixture), a few seconds."""
+    return get_recipe("smollm2-lora-multi30k").with_overrides(TINY_FT + [f"base={base}", f"max_steps={steps}",
+                                                                          *extra])

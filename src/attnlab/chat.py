@@ -41,6 +41,20 @@ def render_chat(template: str, messages: list[dict], add_generation_prompt: bool
         raise UserError(f"chat template does not render: {e}") from None
 
 
+END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end|>", "</s>", "<|endoftext|>")  # chat templates' turn ends
+
+
+def stop_tokens(tokenizer, eos_id: int | None) -> list[int]:
+    """The ids that end an assistant's turn: `eos_id` and every END_OF_TURN token the tokenizer has."""
+    ids = [] if eos_id is None else [eos_id]
+    for name in END_OF_TURN:
+        try:
+            ids.append(tokenizer.token_to_id(name))
+        except KeyError:
+            pass
+    return sorted(set(ids))
+
+
 class Chat:
     """A multi-turn conversation with a causal LM (a tasks.LoadedModel with a chat template).
 
@@ -62,15 +76,7 @@ class Chat:
 
     def stop_tokens(self) -> list[int]:
         """The model's eos id and any end-of-turn control token the template uses (e.g. <|im_end|>)."""
-        tok, ids = self.loaded.tokenizer, []
-        if self.loaded.model.cfg.eos_id is not None:
-            ids.append(self.loaded.model.cfg.eos_id)
-        for name in ("<|im_end|>", "<|eot_id|>", "<|end|>", "</s>", "<|endoftext|>"):
-            try:
-                ids.append(tok.token_to_id(name))
-            except KeyError:
-                pass
-        return sorted(set(ids))
+        return stop_tokens(self.loaded.tokenizer, self.loaded.model.cfg.eos_id)
 
     def send(self, text: str, on_text=None) -> str:
         """Add a user turn, generate the assistant's reply (calling on_text(piece) as it streams), keep

@@ -8,11 +8,12 @@ from attnlab.errors import UserError, naming
 from attnlab.interop.gguf_write import write_gguf
 from attnlab.jsonfile import read_json, write_json_atomic
 from attnlab.load import load_model
+from attnlab.nn.lora import merge_lora
 
 
 def convert(source: str, out_dir: str | Path, quantize: str | None = None) -> dict:
-    """Write the model at `source` (a name, a .gguf file, a HF directory or one of our run
-    directories) to `out_dir` as config.json + model.safetensors + tokenizer files, or, when
+    """Write the model at `source` (a name, a .gguf file, a HF directory, a PEFT adapter directory or
+    one of our run directories; a fine-tune's adapters merged into the weights) to `out_dir` as config.json + model.safetensors + tokenizer files, or, when
     `out_dir` ends in .gguf, as one GGUF file (interop/gguf_write.py; LLaMA-family GPT models) with
     its weight matrices at `quantize` ("fp32" by default, "q8_0", "q4_0", "q4_1"). What a model can
     be written as, its family's task says (Task.exports_hf, Task.gguf).
@@ -29,7 +30,8 @@ def convert(source: str, out_dir: str | Path, quantize: str | None = None) -> di
         loaded = load_model(source, "fp32")
         if not loaded.task.gguf:
             raise UserError(f"GGUF export holds LLaMA-family GPT models; {source} is {loaded.task.described}")
-        record = write_gguf(loaded.model, loaded.tokenizer, out, quantize or "fp32", loaded.chat_template)
+        model = merge_lora(loaded.model)  # a fine-tune's adapters folded in (a no-op for a plain model)
+        record = write_gguf(model, loaded.tokenizer, out, quantize or "fp32", loaded.chat_template)
         return {"from": str(loaded.path), **record, "architecture": "llama",
                 "parameters": loaded.model.num_parameters()}
     if quantize is not None:
@@ -39,7 +41,7 @@ def convert(source: str, out_dir: str | Path, quantize: str | None = None) -> di
         raise naming(FileExistsError(f"out_dir={out} already exists and is not an empty directory"), "out_dir")
     loaded = load_model(source, "fp32")
     tokenizer_file = loaded.path / "tokenizer.json" if loaded.path.is_dir() else None
-    loaded.task.export_hf(loaded.model, loaded.tokenizer, out, tokenizer_file)
+    loaded.task.export_hf(merge_lora(loaded.model), loaded.tokenizer, out, tokenizer_file)  # adapters folded in
     if loaded.chat_template:  # add the template to the tokenizer_config.json the export wrote
         config_path = out / "tokenizer_config.json"
         config = read_json(config_path) if config_path.is_file() else {}

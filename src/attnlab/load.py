@@ -45,8 +45,9 @@ def at_dtype(loaded: LoadedModel, dtype: str) -> LoadedModel:
 
 def load_model(name_or_path: str, dtype: str = "auto") -> LoadedModel:
     """Any model: a name (smollm2-135m, all-minilm-l6-v2), a GGUF file, a HF model directory
-    (config.json + safetensors + tokenizer.json: llama, mistral, qwen2, mixtral, gpt2, mamba, bert) or one
-    of our run directories, at `dtype` (nn.quant_linear.DTYPES): "auto" = as stored (a GGUF file's
+    (config.json + safetensors + tokenizer.json: llama, mistral, qwen2, mixtral, gpt2, mamba, bert), a
+    PEFT LoRA adapter directory (its adapters merged into the base it names) or one of our run
+    directories (a fine-tune's: its base with its adapters), at `dtype` (nn.quant_linear.DTYPES): "auto" = as stored (a GGUF file's
     Q8_0 / Q4_0 / Q4_1 matrices stay quantized; everything else fp32), "fp32" (GGUF dequantized: the
     reference), "bf16", or a block quantization "q8_0" / "q4_0" / "q4_1" (quantizable families).
 

@@ -149,3 +149,10 @@ def test_unsupported_quantizations_are_refused_by_name():
         quantize_model(model, "q8_0")
     with pytest.raises(ValueError, match="multiple of 32"):
         quantize(torch.zeros(3, 40), "q4_0")
+
+
+def test_quant_linear_takes_zero_rows():
+    """Regression: an input of no rows (a fine-tune's prefix pass, which keeps no logits) gave a
+    reshape error in the C++ route instead of an empty (0, O) output."""
+    layer = QuantLinear(quantize(torch.randn(48, 64), "q8_0"))
+    assert layer(torch.randn(0, 64)).shape == (0, 48) and layer(torch.randn(2, 0, 64)).shape == (2, 0, 48)

@@ -36,8 +36,10 @@ def test_evaluations_and_checkpoints_are_counted_apart_from_the_steps(tiny_multi
     assert spent["average"] == pytest.approx(evals[-1]["eval_s"], abs=0.1)
     assert spent["checkpoint"] >= 7 * 0.1  # steps 0, 2, 4, 6, 8; after the final evaluation; at the end
     state = json.loads((tmp_path / "run" / "checkpoint" / "state.json").read_text())
-    # state.json was written before its own checkpoint's seconds were known (at most one more 0.1 s)
-    assert state["elapsed_s"] <= sum(spent.values()) <= state["elapsed_s"] + 0.5
+    # state.json was written before its own checkpoint's seconds were known; each of the four figures
+    # is rounded to 0.1 s (±0.2 in all). Above: that checkpoint's 0.1 s and the run's last moments,
+    # which a loaded machine stretches (0.5 s was too tight when the suite shared its cores).
+    assert state["elapsed_s"] - 0.2 <= sum(spent.values()) <= state["elapsed_s"] + 2.0
     assert spent["train_steps"] > 0
 
 

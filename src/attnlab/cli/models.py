@@ -146,8 +146,8 @@ def add_model_parsers(sub) -> None:
     tr.set_defaults(func=cmd_translate)
 
     g = sub.add_parser("generate", help="continue a prompt with a language model (streamed to stdout)")
-    g.add_argument("--model", required=True, help="a trained run directory, a HF model directory, a .gguf "
-                   "file, or a name: smollm2-135m")
+    g.add_argument("--model", required=True, help="a trained run directory (a fine-tune's: its base with its "
+                   "adapters), a HF model directory, a PEFT adapter directory, a .gguf file, or a name: smollm2-135m")
     g.add_argument("--prompt", required=True, action="append", help="text to continue; repeat for a batch "
                    "(then one JSON line per prompt)")
     _sampling_args(g, 0.8)
@@ -161,7 +161,8 @@ def add_model_parsers(sub) -> None:
 
     c = sub.add_parser("chat", help="multi-turn chat with an instruction-tuned model and its chat template "
                        "(stdin lines; /reset, /exit)")
-    c.add_argument("--model", required=True, help="smollm2-135m, a .gguf file or a HF model directory")
+    c.add_argument("--model", required=True, help="smollm2-135m, a .gguf file, a HF model directory, a PEFT "
+                   "adapter directory or a fine-tune run")
     c.add_argument("--system", help="a system message")
     _sampling_args(c, 0.0, default_new=256)
     dtype_arg(c)
@@ -180,7 +181,8 @@ def add_model_parsers(sub) -> None:
 
     v = sub.add_parser("convert", help="write a model (GGUF file, HF directory, our run directory) as a HF "
                        "directory that transformers loads, or (--to FILE.gguf) as a GGUF file llama.cpp runs")
-    v.add_argument("--from", dest="source", required=True, help="a name, .gguf file or model directory")
+    v.add_argument("--from", dest="source", required=True, help="a name, .gguf file or model directory (a "
+                   "fine-tune run or PEFT adapter directory: the merged model)")
     v.add_argument("--to", dest="out_dir", required=True, help="the output directory, or a .gguf file (LLaMA-family GPT models)")
     v.add_argument("--quantize", choices=GGUF_OUT_TYPES, help="GGUF out only: the weight matrices' type "
                    "(default fp32; norms stay F32)")

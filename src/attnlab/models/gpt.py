@@ -11,6 +11,7 @@ from typing import ClassVar, Literal, Optional
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from attnlab.config import Config, check, check_literals
 from attnlab.errors import UserError
@@ -176,6 +177,10 @@ class GPT(Model):
     blocks of masked self-attention and FFN/MoE, a final norm (Pre-LN) and the output projection
     (tied to the embeddings when cfg.tie_embeddings).
 
+    Activation checkpointing (`checkpoint_layers = True`): in training, each layer keeps only its
+    input and recomputes its activations in the backward pass (torch.utils.checkpoint, non-reentrant;
+    Chen et al. 2016): activation memory of one layer instead of L, for one more forward pass.
+
     Incremental decoding: setup_kv_cache() allocates one KVCache per layer; forward() then appends
     to them and attends to all cached positions; clear_kv_cache() frees them. The caller (generate.py,
     a decode engine of engines/) owns positions and padding: it passes position_ids and the
@@ -205,6 +210,7 @@ _decoder_block(cfg) for _ in range(cfg.n_layers))
         self.norm = make_norm(cfg.norm, d, cfg.norm_eps, cfg.bias) if cfg.norm_position == "pre" else nn.Identity()
         self.lm_head = Linear(d, cfg.vocab_size, bias=False)
         self.caches: list[KVCache] | None = None
+        self.checkpoint_layers = False  # training: keep only each layer's input, recompute the rest in backward
         self._init_weights()
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
@@ -232,6 +238,14 @@ _decoder_block(cfg) for _ in range(cfg.n_layers))
 
     def clear_kv_cache(self) -> None:
         self.caches = None
+
+    def set_kv_caches(self, caches: list) -> None:
+        """Use these per-layer caches instead of setup_kv_cache's: objects with KVCache's interface
+        (length, start, window, max_len, reserve, update), e.g. nn/prefix_kv.SharedPrefixKV, which
+        keeps a prompt shared by a batch differentiable in training. clear_kv_cache() drops them."""
+        if len(caches) != len(self.layers):
+            raise ValueError(f"need one cache per layer ({len(self.layers)}), got {len(caches)}")
+        self.caches = list(caches)
 
     @property
     def max_chunk(self) -> int | None:
@@ -269,7 +283,7 @@ _decoder_block(cfg) for _ in range(cfg.n_layers))
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, need_weights: bool = False,
-                logits_to_keep: int = 0) -> GPTOutput:
+                logits_to_keep: int | torch.Tensor = 0) -> GPTOutput:
         """Args:
             input_ids: (B, T) int64 new tokens.
             attention_mask: (B, S) bool/int over every position so far (cached and new), 1 = real
@@ -278,15 +292,22 @@ _decoder_block(cfg) for _ in range(cfg.n_layers))
                 offset being the number of cached positions.
             need_weights: also return each layer's attention weights (the math path).
             logits_to_keep: compute the logits of the last N positions only (generation needs just
-                the last one; the output projection is the largest matrix); 0 = all T.
+                the last one; the output projection is the largest matrix); 0 = all T. Or a (B, T)
+                bool tensor: the logits of the positions marked True only (training on some
+                positions: a fine-tune's response tokens).
         Returns:
-            GPTOutput(logits (B, T, V), or (B, N, V) with logits_to_keep N, in the parameters'
+            GPTOutput(logits (B, T, V), or (B, N, V) with logits_to_keep N, or (N, V) for the N
+            marked positions (row-major order) with a bool logits_to_keep, in the parameters'
             dtype; aux_loss (); attentions or None).
         Raises:
             ValueError: when a position is past max_seq_len for absolute positions, the KV cache
                 would overflow, or logits_to_keep is negative.
         """
-        if logits_to_keep < 0:
+        selected = isinstance(logits_to_keep, torch.Tensor)
+        if selected and (logits_to_keep.dtype != torch.bool or logits_to_keep.shape != input_ids.shape):
+            raise UserError(f"a logits_to_keep tensor must be bool of the input's shape {tuple(input_ids.shape)}, "
+                            f"got {logits_to_keep.dtype} {tuple(logits_to_keep.shape)}")
+        if not selected and logits_to_keep < 0:
             raise UserError(f"logits_to_keep must be >= 0 (0 = every position), got {logits_to_keep}")
         b, t = input_ids.shape
         offset = self.caches[0].length if self.caches else 0
@@ -306,12 +327,16 @@ _decoder_block(cfg) for _ in range(cfg.n_layers))
         x = self.dropout(x)
         aux, attentions = x.new_zeros(()), [] if need_weights else None
         token_mask = None if attention_mask is None else attention_mask[:, -t:].bool()  # (B, T) real new tokens
+        recompute = self.checkpoint_layers and self.training and torch.is_grad_enabled()
         for i, layer in enumerate(self.layers):
-            out = layer(x, mask=mask, cache=self.caches[i] if self.caches else None, rope=rope,
-                        need_weights=need_weights, is_causal=is_causal, token_mask=token_mask)
+            kwargs = dict(mask=mask, cache=self.caches[i] if self.caches else None, rope=rope,
+                          need_weights=need_weights, is_causal=is_causal, token_mask=token_mask)
+            out = checkpoint(layer, x, use_reentrant=False, **kwargs) if recompute else layer(x, **kwargs)
             x, aux = out.hidden, aux + out.aux_loss
             if need_weights:
                 attentions.append(out.attn_weights)
-        if logits_to_keep:
+        if selected:
+            x = x[logits_to_keep]  # (N, D)
+        elif logits_to_keep:
             x = x[:, -logits_to_keep:]
         return GPTOutput(self.lm_head(self.norm(x)), aux / len(self.layers), attentions)

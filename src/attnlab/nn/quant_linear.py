@@ -7,6 +7,9 @@ QuantLinear holds qs / d / m (nn/quant.py) as buffers, never an fp32 copy of the
 quantizes the activations per 32-block and multiplies in int8 (nn/quant_kernel.py). QuantEmbedding
 dequantizes only the looked-up rows. A weight shared by two modules (GPT's tied embedding and output
 projection) is quantized once and its buffers shared.
+The weights are frozen, but QuantLinear is differentiable in its input (a frozen quantized base
+under LoRA adapters, QLoRA): the gradient is ∂L/∂x = ∂L/∂y · Ŵ, a bf16 product with the weight
+dequantized again for the backward pass (nothing of it is kept between the two passes).
 Source: ggml block formats (ggml-common.h); llama.cpp's CPU matmul (activations as q8_0 / q8_1).
 """
 from __future__ import annotations
@@ -72,15 +75,43 @@ class QuantLinear(_QuantBuffers):
         return self.qweight.shape[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """(..., I) -> (..., O)."""
+        """(..., I) -> (..., O); differentiable in x (module docstring)."""
+        y = _Product.apply(x, self) if torch.is_grad_enabled() and x.requires_grad else self.product(x)
+        return y if self.bias is None else y + self.bias.to(y.dtype)
+
+    def product(self, x: torch.Tensor) -> torch.Tensor:
+        """x Ŵᵀ without the bias, (..., I) -> (..., O), the kernels of the class docstring."""
         if self._fast is None:  # decided once: the C++ kernel takes fp32 CPU rows directly
             self._fast = kernel() == "cpp" and self.qs.device.type == "cpu" and self.d.shape[1] % 2 == 0
         if self._fast and x.dtype == torch.float32 and x.device.type == "cpu" and x.numel() < PREFILL_ROWS * x.shape[-1]:
             y = torch.ops.attnlab_quant.linear(x.reshape(-1, x.shape[-1]), self.qs, self.d, self.m,
-                                               SCHEME_ID[self.scheme]).view(*x.shape[:-1], -1)
+                                               SCHEME_ID[self.scheme]).view(*x.shape[:-1], self.out_features)
         else:
             y = quant_matmul(x, self.qweight)
-        return y if self.bias is None else y + self.bias.to(y.dtype)
+        return y
+
+    def input_grad(self, grad: torch.Tensor) -> torch.Tensor:
+        """∂L/∂x = grad · Ŵ for grad (..., O) -> (..., I), grad's dtype: a bf16 product, Ŵ dequantized
+        to bf16 for the call (the C++ kernel's conversion where it is built)."""
+        qw = self.qweight
+        if kernel() == "cpp" and self.qs.device.type == "cpu":
+            w = torch.ops.attnlab_quant.dequantize_bf16(qw.qs, qw.d, qw.m, SCHEME_ID[qw.scheme])
+        else:
+            w = dequantize(qw).to(torch.bfloat16)
+        return (grad.to(torch.bfloat16) @ w).to(grad.dtype)
+
+
+class _Product(torch.autograd.Function):
+    """QuantLinear.product with its input's gradient (QuantLinear.input_grad); the weights get none."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, layer: QuantLinear) -> torch.Tensor:
+        ctx.layer = layer
+        return layer.product(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return ctx.layer.input_grad(grad), None
 
 
 class QuantEmbedding(_QuantBuffers):

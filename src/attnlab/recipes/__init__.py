@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from attnlab.errors import UserError
 from attnlab.recipes import (bert, digits_vit, mnist_vit, multi30k_en_de, shakespeare_bpe, shakespeare_char,
-                             shakespeare_char_mamba)
+                             shakespeare_char_mamba, smollm2_lora)
 from attnlab.recipes.recipe import Recipe
 
 __all__ = ["Recipe", "RECIPES", "get_recipe"]
@@ -17,7 +17,8 @@ RECIPES = {multi30k_en_de.NAME: multi30k_en_de.recipe,
            bert.SST2_NAME: bert.sst2_recipe,
            bert.MINILM_NAME: bert.minilm_recipe,
            mnist_vit.NAME: mnist_vit.recipe,
-           digits_vit.NAME: digits_vit.recipe}
+           digits_vit.NAME: digits_vit.recipe,
+           smollm2_lora.NAME: smollm2_lora.recipe}
 
 
 def get_recipe(name: str) -> Recipe:

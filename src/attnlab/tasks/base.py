@@ -60,6 +60,9 @@ class Prepared:
     run_info: dict = field(default_factory=dict)  # extra config.json entries (labels, normalization)
     init_state: dict | None = None         # weights to start from (fine-tuning); heads may be missing
     summary: str = ""                      # one log line about the data
+    save_best: Callable | None = None      # writes the best weights (None: checkpoint.save_weights)
+    build_model: Callable | None = None    # model_cfg -> the model, in place of Task.build_model (a fine-tune:
+                                           # the loaded base with its adapters); called after seeding
 
 
 def upgrade_sections(saved: dict, data_config: type) -> dict:
@@ -96,6 +99,7 @@ class Task:
     servable: ClassVar[bool] = False       # `attnlab serve` can run it
     hf_model_types: ClassVar[tuple[str, ...]] = ()  # "model_type"s of the HF model directories load_hf reads
     exports_hf: ClassVar[bool] = False     # export_hf writes a HF model directory
+    reads_adapters: ClassVar[bool] = False  # load_hf reads PEFT adapter directories (the fine-tune family)
     rate_key: ClassVar[str] = "tokens_per_s"  # the training rate's name in the final record
     run_files: ClassVar[tuple[str, ...]] = ("config.json", "model.safetensors", "tokenizer.json")
     evaluate_options: ClassVar[tuple[str, ...]] = ()  # keyword options evaluate_run takes (e.g. beam)
@@ -223,7 +227,7 @@ class Task:
         spec = self._settings(out, recipe, resume)
         prepared = self.prepare(spec)
         torch.manual_seed(spec.train_cfg.seed)
-        model = self.build_model(prepared.model_cfg)
+        model = (prepared.build_model or self.build_model)(prepared.model_cfg)
         if prepared.init_state is not None and not resume:
             model.load_state_dict({**model.state_dict(), **prepared.init_state})
         check_world(prepared.objective, model, spec.train_cfg.parallel)
@@ -239,7 +243,7 @@ class Task:
                 prepared.save_files(out)
             log.info("model: %.2fM parameters%s", model.num_parameters() / 1e6,
                      f"; {prepared.summary}" if prepared.summary else "")
-            return fit(model, prepared.objective, spec.train_cfg, out, resume, self.rate_key)
+            return fit(model, prepared.objective, spec.train_cfg, out, resume, self.rate_key, prepared.save_best)
 
     def load(self, path: str | Path) -> LoadedModel:
         """Load a trained run directory (config.json, model.safetensors and the tokenizer).

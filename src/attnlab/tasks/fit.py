@@ -3,10 +3,12 @@ written when several processes train, and the final record of a run."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 from attnlab.errors import UserError
 from attnlab.models.base import Model
 from attnlab.train import distributed
+from attnlab.train.checkpoint import save_weights
 from attnlab.train.config import TrainConfig
 from attnlab.train.loop import Trainer, optimizer_factory
 from attnlab.train.objective import Objective
@@ -32,13 +34,14 @@ def check_world(objective, model: Model, parallel: str) -> None:
 
 
 def fit(model: Model, objective: Objective, train_cfg: TrainConfig, out: Path, resume: bool,
-        rate_key: str = "tokens_per_s") -> dict:
+        rate_key: str = "tokens_per_s", save_best: Callable | None = None) -> dict:
     """Train with the shared loop (resuming from out/checkpoint when asked) and return the final
     record with "parameters", "steps", the training rate under `rate_key` (units the objective's
     loss counts: tokens, sentences or images per second) and "time_s", where the seconds went
     (Trainer.time_spent). Under torchrun the model runs as
     train_cfg.parallel says (train/parallel.py). The Noam schedule reads the model's width,
-    model.cfg.d_model (every model config has one).
+    model.cfg.d_model (every model config has one). `save_best` writes the best weights (default
+    checkpoint.save_weights; a LoRA run's: its adapter in PEFT's format).
 
     Raises:
         UserError: for a model FSDP cannot shard (parallel.check_shardable).
@@ -47,7 +50,7 @@ def fit(model: Model, objective: Objective, train_cfg: TrainConfig, out: Path, r
     if distributed.current_world().distributed:
         strategy = make_strategy(model, objective, optimizer_factory(train_cfg), train_cfg.parallel)
     trainer = Trainer(model, objective=objective, cfg=train_cfg, out=out, d_model=model.cfg.d_model,
-                      strategy=strategy)
+                      strategy=strategy, save_best=save_best or save_weights)
     if resume:
         trainer.resume()
     record = trainer.fit()

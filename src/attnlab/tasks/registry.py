@@ -20,12 +20,13 @@ from attnlab.jsonfile import read_json
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.models.mamba import Mamba, MambaConfig
 from attnlab.tasks.base import Task
+from attnlab.tasks.finetune import FinetuneTask
 from attnlab.tasks.language_model import HFForm, LanguageModelTask
 from attnlab.tasks.loaded import LoadedModel
 from attnlab.tasks.text_classification import BertTask
 from attnlab.tasks.translation import TranslationTask
 from attnlab.tasks.vision import VisionTask
-from attnlab.train.run_dir import check_model_dir, is_run_dir
+from attnlab.train.run_dir import ADAPTER_CONFIG, WEIGHTS, check_model_dir, is_run_dir
 
 TASKS: dict[str, Task] = {}
 
@@ -45,14 +46,16 @@ def register(task: Task) -> Task:
     return task
 
 
+_GPT = LanguageModelTask(GPT, GPTConfig, HFForm(tuple(GPT_HF_TYPES.values()), load_hf, save_hf),  # GPT-2 ... Mixtral
+                         quantizable=True, gguf=True, servable=True)
 for _task in (
     TranslationTask(),
-    LanguageModelTask(GPT, GPTConfig, HFForm(tuple(GPT_HF_TYPES.values()), load_hf, save_hf),  # GPT-2 ... Mixtral
-                      quantizable=True, gguf=True, servable=True),
+    _GPT,
     LanguageModelTask(Mamba, MambaConfig, HFForm((MAMBA_HF_TYPE,), load_mamba_hf, save_mamba_hf),
                       description="a Mamba (state-space) model", has_attention=False),
     BertTask(),
     VisionTask(),
+    FinetuneTask(_GPT),  # LoRA / full fine-tunes of a pretrained GPT; PEFT adapter directories
 ):
     register(_task)
 
@@ -81,7 +84,7 @@ def task_of_run(path: str | Path) -> Task:
             unknown model_type (naming the file).
     """
     path = Path(path)
-    check_model_dir(path, ("config.json", "model.safetensors"))
+    check_model_dir(path, ("config.json", WEIGHTS))
     model_type = read_json(path / "config.json").get("model_type")
     try:
         return get_task(str(model_type))
@@ -110,9 +113,14 @@ def gguf_task() -> Task:
     return next(task for task in TASKS.values() if task.gguf)
 
 
+def adapter_task() -> Task:
+    """The family that reads PEFT adapter directories (fine-tunes)."""
+    return next(task for task in TASKS.values() if task.reads_adapters)
+
+
 def task_of_path(path: Path) -> Task:
-    """The family of a GGUF file, one of our run directories or a HF model directory, without
-    loading it.
+    """The family of a GGUF file, one of our run directories, a PEFT adapter directory (adapter_config.json,
+    no run) or a HF model directory, without loading it.
 
     Raises:
         FileNotFoundError, UserError: naming what is missing or not supported.
@@ -121,7 +129,9 @@ def task_of_path(path: Path) -> Task:
         return gguf_task()
     if not path.is_dir():
         raise FileNotFoundError(f"no such model file or directory: {path}")
-    return task_of_run(path) if is_run_dir(path) else task_of_hf(path)
+    if is_run_dir(path):
+        return task_of_run(path)
+    return adapter_task() if (path / ADAPTER_CONFIG).is_file() else task_of_hf(path)
 
 
 def load_run(path: str | Path) -> LoadedModel:

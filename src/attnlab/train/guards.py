@@ -66,8 +66,8 @@ def _local(p: torch.Tensor) -> torch.Tensor:
 
 
 def check_finite_weights(model: torch.nn.Module, step: int, agree: Callable[[bool], bool] = lambda ok: ok) -> None:
-    """Stop when the update of `step` left a parameter non-finite (an lr too high, an overflow):
-    before anything of it is written.
+    """Stop when the update of `step` left a trained parameter non-finite (an lr too high, an
+    overflow): before anything of it is written.
 
     Args:
         agree: turns this process's verdict into the verdict of all (several processes: finite
@@ -75,9 +75,10 @@ def check_finite_weights(model: torch.nn.Module, step: int, agree: Callable[[boo
     Raises:
         FloatingPointError: naming the parameter (where this process holds it) and the step.
     """
-    # One float64 sum per parameter (a tenth of the cost of isfinite): non-finite exactly when the
-    # parameter holds a NaN or an inf, since float32 values cannot overflow a float64 sum.
-    sums = [_local(p.detach()).sum(dtype=torch.float64) for p in model.parameters()]
+    # One float64 sum per trained parameter (a tenth of the cost of isfinite): non-finite exactly when
+    # the parameter holds a NaN or an inf, since float32 values cannot overflow a float64 sum. Frozen
+    # parameters (a LoRA model's base) are not updated and not summed.
+    sums = [_local(p.detach()).sum(dtype=torch.float64) for p in model.parameters() if p.requires_grad]
     if agree(not sums or bool(torch.isfinite(torch.stack(sums).sum()))):
         return
     bad = next((name for name, p in model.named_parameters() if not bool(torch.isfinite(_local(p)).all())),

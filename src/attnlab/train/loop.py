@@ -39,7 +39,7 @@ from attnlab.train.end_of_run import finish
 from attnlab.train.guards import StopSignals, TrainingInterrupted, check_finite_weights
 from attnlab.train.optim import budget_cosine_lr, build_optimizer, cosine_lr, noam_lr, set_lr
 from attnlab.train.parallel import OneProcess
-from attnlab.train.run_dir import CHECKPOINT_DIR, align_with_checkpoint, take_snapshot
+from attnlab.train.run_dir import CHECKPOINT_DIR, align_with_checkpoint, take_snapshot, weights_path
 from attnlab.train.objective import Objective
 from attnlab.train.speed import autocast_context, compile_for_training, eager
 from attnlab.train.state import TrainState
@@ -88,16 +88,20 @@ class Trainer:
 
     Args:
         model: the module to train. objective: its data and loss (train/objective.py). cfg: TrainConfig.
-        out: run directory (holds model.safetensors = best weights, metrics.jsonl, checkpoint/).
+        out: run directory (holds the best weights, model.safetensors or a LoRA run's adapter:
+            run_dir.weights_path; metrics.jsonl, checkpoint/).
         d_model: the model's width D, for the Noam schedule (lr ∝ D^-0.5).
         strategy: how the model runs over processes (train/parallel.make_strategy, built with
             make_optimizer); None: this process alone.
+        save_best: writes the best weights, save_best(model, path) (default checkpoint.save_weights;
+            a LoRA run's writes its adapter in PEFT's format).
     """
 
     def __init__(self, model: torch.nn.Module, objective: Objective, cfg: TrainConfig, out: Path, d_model: int,
-                 strategy=None):
+                 strategy=None, save_best=save_weights):
         self.objective, self.cfg, self.out, self.d_model = objective, cfg, Path(out), d_model
         compile_for_training(model, cfg.compile)
+        self.save_best = save_best
         self.strategy = strategy or OneProcess(model, objective, optimizer_factory(cfg))
         self.model = self.strategy.model          # the plain model: evaluated and saved
         self.optimizer = self.strategy.optimizer  # its optimizer: saved in checkpoints
@@ -150,7 +154,7 @@ class Trainer:
             return
         metrics = self.out / "metrics.jsonl"
         s.metrics_bytes = metrics.stat().st_size if metrics.is_file() else 0
-        best = self.out / "model.safetensors" if s.best is not None else None
+        best = weights_path(self.out) if s.best is not None else None
         save_training_state(self.out / CHECKPOINT_DIR, self.model, self.optimizer, s, best)
         if snapshot:
             take_snapshot(self.out, s.step, s.snapshots)
@@ -185,7 +189,7 @@ class Trainer:
         improved = s.best is None or sign * value > sign * s.best
         if improved:
             if self.main:
-                save_weights(self.model, self.out / "model.safetensors")
+                self.save_best(self.model, weights_path(self.out))
             s.best, s.best_step = value, s.step
         seconds = time.perf_counter() - t0
         s.spent_s["average" if "averaged" in extra else "evaluate"] += seconds

@@ -94,7 +94,8 @@ def build_optimizer(model: nn.Module, lr: float, betas: tuple[float, float], eps
     """Adam (weight_decay 0, the paper's) or AdamW in two groups: decay on every matrix (linear
     weights and embeddings), none on biases, norm gains and parameters marked `_no_weight_decay`
     (Mamba's A_log and D, as its reference code) (Loshchilov & Hutter 2019; the grouping of
-    GPT-2/nanoGPT).
+    GPT-2/nanoGPT). Only the parameters that require a gradient are optimised (a LoRA model's
+    adapters, not its frozen base).
 
     Args:
         impl: torch's implementation of the update: "for-loop" (one op per parameter: torch's
@@ -106,10 +107,11 @@ def build_optimizer(model: nn.Module, lr: float, betas: tuple[float, float], eps
     if impl not in OPTIMIZER_IMPLS:
         raise UserError(f"optimizer_impl must be one of {', '.join(OPTIMIZER_IMPLS)}, got {impl!r}", param="impl")
     kind = {"for-loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}[impl]
+    trained = [p for p in model.parameters() if p.requires_grad]
     if weight_decay == 0:
-        return torch.optim.Adam(model.parameters(), lr=lr, betas=betas, eps=eps, **kind)
+        return torch.optim.Adam(trained, lr=lr, betas=betas, eps=eps, **kind)
     decay, no_decay = [], []
-    for p in model.parameters():
+    for p in trained:
         (decay if p.dim() >= 2 and not getattr(p, "_no_weight_decay", False) else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, **kind)

@@ -5,7 +5,9 @@ its checkpoint describes. Shared by every task (tasks/base.py) and the loop.
 A run directory holds config.json ({"model_type", "recipe", "model", "data", "train", and a task's
 own entries}), model.safetensors (best weights), tokenizer.json (tasks with text), metrics.jsonl,
 checkpoint/ (for --resume, train/checkpoint.py), snapshots/ when the last checkpoints are averaged,
-and .lock (held by the process training into it).
+and .lock (held by the process training into it). A LoRA run's directory is a PEFT adapter directory
+too: adapter_config.json (written when the run starts) marks it, and its best weights are the
+adapter, adapter_model.safetensors, instead of model.safetensors (weights_path).
 """
 from __future__ import annotations
 
@@ -22,6 +24,9 @@ from attnlab.train.checkpoint import BEST_FILE, read_state
 from attnlab.train.state import TrainState
 
 CHECKPOINT_DIR = "checkpoint"   # resumable state inside a run directory
+WEIGHTS = "model.safetensors"   # the best weights of a run
+ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"  # a LoRA run's (PEFT's
+                                # names: interop/peft.py writes them)
 SNAPSHOT_DIR = "snapshots"      # weights of the last checkpoints, for averaging
 LOCK_FILE = ".lock"             # flock'ed by the one process that writes the run directory
 
@@ -60,9 +65,19 @@ def has_checkpoint(out: Path) -> bool:
     return folder is not None and (folder / "state.json").is_file()
 
 
+def weights_path(out: Path) -> Path:
+    """The file of a run directory's best weights: adapter_model.safetensors in a LoRA run (one with
+    adapter_config.json), else model.safetensors."""
+    return out / (ADAPTER_WEIGHTS if (out / ADAPTER_CONFIG).is_file() else WEIGHTS)
+
+
+def _has_weights(out: Path) -> bool:
+    return (out / WEIGHTS).is_file() or (out / ADAPTER_WEIGHTS).is_file()
+
+
 def has_run(out: Path) -> bool:
     """Whether `out` holds trained weights or a resumable checkpoint (the things a rerun would lose)."""
-    return has_checkpoint(out) or (out / "model.safetensors").is_file()
+    return has_checkpoint(out) or _has_weights(out)
 
 
 def check_out_dir(out: Path, resume: bool) -> None:
@@ -74,7 +89,7 @@ def check_out_dir(out: Path, resume: bool) -> None:
     """
     if out.exists() and not out.is_dir():
         raise naming(FileExistsError(f"out={out} is a file, not a run directory"), "out")
-    weights = (out / "model.safetensors").is_file()
+    weights = _has_weights(out)
     if resume and not has_checkpoint(out):
         if weights:
             raise naming(FileNotFoundError(f"nothing to resume: out={out} holds trained weights but no {CHECKPOINT_DIR}/; "
@@ -86,7 +101,7 @@ def check_out_dir(out: Path, resume: bool) -> None:
         raise naming(FileExistsError(f"out={out} already holds a run; pass resume=True to continue it or choose another "
                                      f"run directory"), "out", "resume")
     if not resume and weights:
-        raise naming(FileExistsError(f"out={out} holds trained weights (model.safetensors) but no {CHECKPOINT_DIR}/ to "
+        raise naming(FileExistsError(f"out={out} holds trained weights ({weights_path(out).name}) but no {CHECKPOINT_DIR}/ to "
                                      f"resume from; choose another run directory, or delete {out} to train it again"),
                      "out")
 
@@ -122,37 +137,40 @@ def is_run_dir(path: Path) -> bool:
 
 
 def _missing_weights_advice(path: Path) -> str | None:
-    """What to do about a run directory whose model.safetensors is missing, when its checkpoint can
+    """What to do about a run directory whose best weights are missing, when its checkpoint can
     help (None otherwise)."""
     folder = committed_directory(path / CHECKPOINT_DIR)
     if folder is None or not (folder / "state.json").is_file():
         return None
+    name = weights_path(path).name
     try:
         state, recipe = read_state(folder), read_json(path / "config.json").get("recipe") or "RECIPE"
     except (OSError, ValueError) as e:
-        return f"{path} has no model.safetensors and its checkpoint is unreadable ({e})"
+        return f"{path} has no {name} and its checkpoint is unreadable ({e})"
     resume = f"attnlab train --recipe {recipe} --out {path} --resume"
     if state.best is None:
-        return (f"{path} has no evaluated weights yet (model.safetensors is written at the first evaluation); "
+        return (f"{path} has no evaluated weights yet ({name} is written at the first evaluation); "
                 f"continue training it with: {resume}")
     if (folder / BEST_FILE).is_file():
         budget = f" --steps {state.step}" if state.end == "done" else ""
-        return f"{path}/model.safetensors is missing; restore it from the checkpoint with: {resume}{budget}"
-    return (f"{path}/model.safetensors is missing and its checkpoint holds no copy of the best weights (a run from "
+        return f"{path}/{name} is missing; restore it from the checkpoint with: {resume}{budget}"
+    return (f"{path}/{name} is missing and its checkpoint holds no copy of the best weights (a run from "
             f"an older attnlab); the last weights (step {state.step}) are in {folder}/model.safetensors")
 
 
-def check_model_dir(path: Path, files: tuple[str, ...] = ("config.json", "model.safetensors", "tokenizer.json")
-                    ) -> None:
+def check_model_dir(path: Path, files: tuple[str, ...] = ("config.json", WEIGHTS, "tokenizer.json")) -> None:
     """Raise FileNotFoundError naming what is missing unless `path` is a trained model directory
-    holding `files`; for missing weights that the checkpoint can restore, the command that does."""
+    holding `files` (the best weights under their name: weights_path); for missing weights that
+    the checkpoint can restore, the command that does."""
     if not path.is_dir():
         raise FileNotFoundError(f"{path} is not a directory (expected a trained model directory)")
-    if (path / "config.json").is_file() and not (path / "model.safetensors").is_file():
+    weights = weights_path(path)
+    if (path / "config.json").is_file() and not weights.is_file():
         advice = _missing_weights_advice(path)
         if advice:
             raise FileNotFoundError(advice)
     for name in files:
+        name = weights.name if name == WEIGHTS else name
         if not (path / name).is_file():
             raise FileNotFoundError(f"{path} is not a trained model directory: {name} is missing")
 
@@ -188,7 +206,7 @@ def take_snapshot(out: Path, step: int, keep: list[int]) -> None:
 def align_with_checkpoint(out: Path, state: TrainState) -> None:
     """Put run directory `out` back in the state its checkpoint describes, undoing whatever a killed
     or interrupted run wrote after it (a resume then replays those steps exactly): temporary files
-    removed, metrics.jsonl cut to state.metrics_bytes, model.safetensors = the checkpoint's
+    removed, metrics.jsonl cut to state.metrics_bytes, the best weights (weights_path) = the checkpoint's
     best.safetensors (removed when nothing was evaluated yet), snapshots/ = state.snapshots (the
     checkpoint's own step re-linked from its weights when a kill fell before the link).
     Call it holding the run's lock.
@@ -201,7 +219,7 @@ def align_with_checkpoint(out: Path, state: TrainState) -> None:
     metrics = out / "metrics.jsonl"
     if state.metrics_bytes is not None and metrics.is_file() and metrics.stat().st_size > state.metrics_bytes:
         os.truncate(metrics, state.metrics_bytes)
-    best, weights = out / CHECKPOINT_DIR / BEST_FILE, out / "model.safetensors"
+    best, weights = out / CHECKPOINT_DIR / BEST_FILE, weights_path(out)
     if best.is_file() and not (weights.is_file() and os.path.samefile(best, weights)):
         atomic_link(best, weights)
     elif not best.is_file() and state.best is None:
