@@ -40,6 +40,41 @@ def render_chat(template: str, messages: list[dict], add_generation_prompt: bool
         raise ValueError(f"chat template does not render: {e}") from None
 
 
+END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end|>", "</s>", "<|endoftext|>")
+
+
+def chat_stop_tokens(loaded) -> list[int]:
+    """The ids that end an assistant's turn: the model's eos id and every end-of-turn control token
+    (END_OF_TURN, e.g. <|im_end|>) its tokenizer has; sorted.
+
+    Args:
+        loaded: load.Loaded of a causal LM.
+    """
+    tok, ids = loaded.tokenizer, []
+    if loaded.model.cfg.eos_id is not None:
+        ids.append(loaded.model.cfg.eos_id)
+    for name in END_OF_TURN:
+        try:
+            ids.append(tok.token_to_id(name))
+        except KeyError:
+            pass
+    return sorted(set(ids))
+
+
+def chat_prompt(loaded, messages: list[dict]) -> list[int]:
+    """The token ids of a conversation's prompt, ending with the assistant turn's opening: the model's
+    own template (render_chat) with its bos/eos strings, special tokens allowed.
+
+    Raises:
+        ValueError: when the model has no chat template or the template refuses the messages.
+    """
+    if not loaded.chat_template:
+        raise ValueError(f"{loaded.source} has no chat template; use completions (plain text) instead")
+    prompt = render_chat(loaded.chat_template, messages, True, loaded.special.get("bos", ""),
+                         loaded.special.get("eos", ""))
+    return loaded.tokenizer.encode(prompt, allowed_special="all")
+
+
 class Chat:
     """A multi-turn conversation with a causal LM (load.Loaded with a chat template).
 
@@ -60,16 +95,8 @@ class Chat:
         self.messages = [{"role": "system", "content": self.system}] if self.system else []
 
     def stop_tokens(self) -> list[int]:
-        """The model's eos id and any end-of-turn control token the template uses (e.g. <|im_end|>)."""
-        tok, ids = self.loaded.tokenizer, []
-        if self.loaded.model.cfg.eos_id is not None:
-            ids.append(self.loaded.model.cfg.eos_id)
-        for name in ("<|im_end|>", "<|eot_id|>", "<|end|>", "</s>", "<|endoftext|>"):
-            try:
-                ids.append(tok.token_to_id(name))
-            except KeyError:
-                pass
-        return sorted(set(ids))
+        """The ids that end the assistant's turn (chat_stop_tokens)."""
+        return chat_stop_tokens(self.loaded)
 
     def send(self, text: str, on_text=None) -> str:
         """Add a user turn, generate the assistant's reply (calling on_text(piece) as it streams), keep
@@ -77,9 +104,7 @@ class Chat:
         if not text.strip():
             raise ValueError("empty message")
         self.messages.append({"role": "user", "content": text})
-        prompt = render_chat(self.loaded.chat_template, self.messages, True, self.loaded.special.get("bos", ""),
-                             self.loaded.special.get("eos", ""))
-        ids = self.loaded.tokenizer.encode(prompt, allowed_special="all")
+        ids = chat_prompt(self.loaded, self.messages)
         stream = TextStream(self.loaded.tokenizer, on_text or (lambda piece: None))
         try:
             new = generate(self.loaded.model, [ids], stop_tokens=self.stop_tokens(),
