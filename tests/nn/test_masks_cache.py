@@ -130,3 +130,16 @@ def test_reorder_keeps_selected_rows():
     cache.update(k, k)
     cache.reorder(torch.tensor([2, 2, 0]))
     assert cache.k[:, 0, 0, 0].tolist() == [2.0, 2.0, 0.0]
+
+
+def test_a_cache_over_given_tensors_writes_into_them():
+    store = torch.zeros(3, 2, 8, 4)  # (S, K, L, Dh): three sequences' caches in one tensor
+    cache = KVCache.over(store[1:2], store[1:2].clone(), length=2)
+    k = torch.randn(1, 2, 1, 4)
+    keys, _ = cache.update(k, k)
+    assert cache.length == 3 and keys.shape == (1, 2, 3, 4)
+    assert torch.equal(store[1, :, 2], k[0, :, 0]) and not store[0].any() and not store[2].any()
+    with pytest.raises(ValueError, match="cannot hold"):
+        KVCache.over(store, store, length=9)
+    with pytest.raises(ValueError, match="one shape"):
+        KVCache.over(store, store[:1])

@@ -2,5 +2,11 @@
 
 A model's forward() is the reference; an engine binds a loaded model to a fast path (the fused C++
 step, batched per-sequence KV caches) and is tested equal to the reference. generate() and the
-server (serve/) choose an engine; the model never decides. base.py states the contract.
+server (serve/) choose an engine; the model never decides. base.py states the contract;
+slots.py holds the per-slot checks and caches; reference.py runs the model's own forward.
 """
+from attnlab.engines.base import DecodeEngine
+from attnlab.engines.reference import ReferenceEngine
+from attnlab.engines.slots import context_limit
+
+__all__ = ["DecodeEngine", "ReferenceEngine", "context_limit"]

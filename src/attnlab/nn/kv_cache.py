@@ -36,6 +36,27 @@ class KVCache:
         self.length = 0
         self.start = 0
 
+    @classmethod
+    def over(cls, k: torch.Tensor, v: torch.Tensor, window: int | None = None, length: int = 0,
+             start: int = 0) -> KVCache:
+        """A cache held in given (B, K, L, Dh) tensors (e.g. views of one row of an engine's
+        per-sequence storage: decode engines give each sequence its own cache in one tensor), holding
+        positions start .. length − 1 in its first length − start slots.
+
+        Raises:
+            ValueError: k and v of different shapes, a window as in the constructor, or more
+                positions held than L.
+        """
+        if k.shape != v.shape or k.dim() != 4:
+            raise ValueError(f"k and v must be (B, K, L, Dh) of one shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+        if window is not None and not 1 <= window <= k.size(2):
+            raise ValueError(f"a rolling KV cache needs 1 <= window <= max_len={k.size(2)}, got {window}")
+        if not 0 <= length - start <= k.size(2) or start < 0:
+            raise ValueError(f"a cache of {k.size(2)} slots cannot hold positions {start} .. {length - 1}")
+        cache = cls.__new__(cls)
+        cache.k, cache.v, cache.window, cache.length, cache.start = k, v, window, length, start
+        return cache
+
     @property
     def max_len(self) -> int:
         return self.k.size(2)
