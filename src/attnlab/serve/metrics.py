@@ -6,7 +6,10 @@ latency between consecutive tokens of one sequence. Each server has its own regi
 """
 from __future__ import annotations
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram,
+                               disable_created_metrics, generate_latest)
+
+disable_created_metrics()  # no *_created series: one line per figure
 
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
@@ -14,7 +17,7 @@ TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5
 
 class ServerMetrics:
     """The counters, gauges and histograms of one server (and the scheduler's report interface:
-    queue_depth, batch_size, first_token, next_token)."""
+    queue_depth, batch_size, prefilled, first_token, next_token)."""
 
     def __init__(self):
         r = self.registry = CollectorRegistry()
@@ -22,6 +25,8 @@ class ServerMetrics:
                                 ["route", "status"], registry=r)
         self.prompt_tokens = Counter("attnlab_prompt_tokens", "prompt tokens prefilled", registry=r)
         self.generated_tokens = Counter("attnlab_generated_tokens", "tokens generated", registry=r)
+        self.steps = Counter("attnlab_decode_steps", "batched decoding steps (generated tokens / steps = the "
+                             "mean batch)", registry=r)
         self.queue = Gauge("attnlab_queue_depth", "requests waiting for a batch slot", registry=r)
         self.batch = Gauge("attnlab_running_batch_size", "sequences in the last decoding step", registry=r)
         self.ttft = Histogram("attnlab_time_to_first_token_seconds", "arrival to first generated token",
@@ -37,6 +42,11 @@ class ServerMetrics:
 
     def batch_size(self, n: int) -> None:
         self.batch.set(n)
+        if n:
+            self.steps.inc()
+
+    def prefilled(self, n: int) -> None:
+        self.prompt_tokens.inc(n)
 
     def first_token(self, seconds: float) -> None:
         self.ttft.observe(seconds)

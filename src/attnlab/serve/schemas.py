@@ -17,7 +17,7 @@ MAX_STOP = 4  # OpenAI's limit on stop strings
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False, validate_default=True)
 
 
 class StreamOptions(Strict):

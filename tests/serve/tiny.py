@@ -1,0 +1,31 @@
+"""A tiny chat model for the server's tests: a LLaMA-style GPT (random weights, spread so its tokens
+vary) with a byte-level BPE trained on a few sentences, ChatML special tokens and a ChatML template,
+written as a GGUF file, the format `attnlab serve` is mostly given."""
+from __future__ import annotations
+
+import torch
+
+from attnlab.interop.gguf_write import write_gguf
+from attnlab.models.gpt import GPT, GPTConfig
+from attnlab.tokenizers import ByteLevelBPE
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+TEXT = ["The capital of France is Paris.", "A dog runs in the snow.", "Zwei Hunde spielen im Schnee, grün und blau.",
+        "Once upon a time there was a small model that liked to talk.", "2 + 2 = 4, and 3 × 3 = 9 — ça va?"] * 20
+
+
+def tiny_chat_gguf(path, max_seq_len: int = 4096):
+    """Write the tiny model to `path` (.gguf); return (model, tokenizer)."""
+    tok = ByteLevelBPE.train(TEXT, vocab_size=320, special_tokens=SPECIAL)
+    torch.manual_seed(0)
+    cfg = GPTConfig.from_name("llama", vocab_size=tok.vocab_size, d_model=64, n_heads=4, n_kv_heads=2, n_layers=2,
+                              d_ff=128, max_seq_len=max_seq_len, eos_id=tok.token_to_id("<|im_end|>"))
+    model = GPT(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0, 0.15)
+    write_gguf(model, tok, path, chat_template=CHATML)
+    return model, tok
