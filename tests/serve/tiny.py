@@ -1,6 +1,8 @@
 """A tiny chat model for the server's tests: a LLaMA-style GPT (random weights, spread so its tokens
 vary) with a byte-level BPE trained on a few sentences, ChatML special tokens and a ChatML template,
-written as a GGUF file, the format `attnlab serve` is mostly given."""
+written as a GGUF file, the format `attnlab serve` is mostly given. The output rows of the special
+tokens are zero (their logit is 0 while others reach ±2), so greedy replies run to max_tokens: the
+tests of length, streaming and Stop need replies that do not end by themselves."""
 from __future__ import annotations
 
 import torch
@@ -27,5 +29,6 @@ def tiny_chat_gguf(path, max_seq_len: int = 4096):
         for p in model.parameters():
             if p.dim() >= 2:
                 p.normal_(0, 0.15)
+        model.lm_head.weight[:len(SPECIAL)] = 0
     write_gguf(model, tok, path, chat_template=CHATML)
     return model, tok

@@ -70,7 +70,7 @@ def create_app(state: ServerState) -> FastAPI:
     @app.get("/", include_in_schema=False)
     async def chat_page():
         return HTMLResponse(CHAT_PAGE, headers={"Content-Security-Policy": "default-src 'self'; "
-                                                "script-src 'unsafe-inline'; style-src 'unsafe-inline'"})
+                                                "script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:"})
 
     @app.get("/health")
     async def health():
