@@ -36,6 +36,8 @@ class ToyEngine:
         return out
 
     def prefill(self, slots, prompts):
+        if any(49 in p for p in prompts):
+            raise ValueError("token 49 is poison")
         self.prefills.append(list(slots))
         for s, p in zip(slots, prompts):
             assert s not in self.history, "prefill of a busy slot"
@@ -200,6 +202,21 @@ def test_an_engine_fault_fails_its_batch_and_the_loop_goes_on():
     while again_sink.end is None:
         sched.run_once()
     assert again_sink.end == ("done", "length")
+
+
+def test_a_failed_prefill_fails_only_the_admitted_requests():
+    engine = ToyEngine()
+    sched = Scheduler(engine)
+    running, r_sink = request([1], 10)
+    sched.submit(running)
+    sched.run_once()
+    poison, p_sink = request([49], 10)
+    sched.submit(poison)
+    sched.run_once()
+    assert p_sink.end[0] == "error" and r_sink.end is None and sched.free == [1, 2, 3]
+    while r_sink.end is None:
+        sched.run_once()
+    assert r_sink.tokens == alone([1], 10).tokens
 
 
 def test_the_thread_serves_submissions_and_stops():

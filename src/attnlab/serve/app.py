@@ -189,8 +189,7 @@ def _key_check(state: ServerState):
 
 async def _answer(request: Request, run: TextRun, shapes: responses.Shapes, req):
     if req.stream:
-        return StreamingResponse(_events(run, shapes, req.include_usage()), media_type="text/event-stream",
-                                 headers=SSE_HEADERS)
+        return EventStream(run, _events(run, shapes, req.include_usage()))
     pieces: list[str] = []
     collect = asyncio.ensure_future(_collect(run, pieces))
     gone = asyncio.ensure_future(_disconnected(request))
@@ -234,6 +233,21 @@ async def _events(run: TextRun, shapes: responses.Shapes, with_usage: bool):
     finally:
         run.cancel()  # the client went away mid-stream: its slot is freed at the next step
     yield responses.DONE
+
+
+class EventStream(StreamingResponse):
+    """A text/event-stream response that cancels its run however the response ends (also when the
+    client left before the first event, so the body was never iterated)."""
+
+    def __init__(self, run: TextRun, events):
+        super().__init__(events, media_type="text/event-stream", headers=SSE_HEADERS)
+        self.run = run
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.run.cancel()
 
 
 class CountRequests:

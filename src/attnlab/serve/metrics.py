@@ -17,7 +17,7 @@ TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5
 
 class ServerMetrics:
     """The counters, gauges and histograms of one server (and the scheduler's report interface:
-    queue_depth, batch_size, prefilled, first_token, next_token)."""
+    queue_depth, batch_size, decode_step, prefilled, first_token, next_token)."""
 
     def __init__(self):
         r = self.registry = CollectorRegistry()
@@ -42,8 +42,11 @@ class ServerMetrics:
 
     def batch_size(self, n: int) -> None:
         self.batch.set(n)
-        if n:
-            self.steps.inc()
+
+    def decode_step(self, n: int) -> None:
+        """One engine.step of n sequences."""
+        self.batch.set(n)
+        self.steps.inc()
 
     def prefilled(self, n: int) -> None:
         self.prompt_tokens.inc(n)

@@ -83,6 +83,7 @@ class NullMetrics:
 
     def queue_depth(self, n: int) -> None: ...
     def batch_size(self, n: int) -> None: ...
+    def decode_step(self, n: int) -> None: ...
     def prefilled(self, n: int) -> None: ...
     def first_token(self, seconds: float) -> None: ...
     def next_token(self, seconds: float) -> None: ...
@@ -197,25 +198,33 @@ class Scheduler:
 
     def iterate(self, admitted: list[Sequence], cut: bool = False) -> None:
         """One scheduling step: retire cancelled sequences, prefill the admitted ones (their first
-        token), then one engine.step for every running sequence."""
+        token), then one engine.step for every running sequence. A failed prefill fails only the
+        admitted requests; a failed step, the batch (run_once)."""
         for seq in list(self.running.values()):
             if seq.cancelled or cut:
                 self._finish(seq, "length" if cut and not seq.cancelled else "cancelled")
         if admitted:
-            slots = [s.slot for s in admitted]
             for seq in admitted:
                 self.running[seq.slot] = seq
-            logits = self.engine.prefill(slots, [s.prompt for s in admitted])  # (N, V)
-            self.metrics.prefilled(sum(len(s.prompt) for s in admitted))
-            self._advance(admitted, logits)
+            try:
+                logits = self.engine.prefill([s.slot for s in admitted], [s.prompt for s in admitted])  # (N, V)
+            except Exception:
+                log.exception("prefill failed")
+                for seq in admitted:
+                    self._finish(seq, "error")
+            else:
+                self.metrics.prefilled(sum(len(s.prompt) for s in admitted))
+                self._advance(admitted, logits)
         batch = [s for s in self.running.values() if s.finish_reason is None and not s.cancelled]
-        self.metrics.batch_size(len(batch))
         if batch:
             start = time.perf_counter()
             logits = self.engine.step([s.slot for s in batch], [s.last_token for s in batch])  # (N, V)
             self.steps += 1
             self.step_seconds = 0.9 * self.step_seconds + 0.1 * (time.perf_counter() - start)
+            self.metrics.decode_step(len(batch))
             self._advance(batch, logits)
+        if not self.running:
+            self.metrics.batch_size(0)
 
     def _advance(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
         """Pick each sequence's next token from its row of `logits` (N, V), emit it, finish the done."""
