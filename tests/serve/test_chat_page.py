@@ -58,7 +58,11 @@ def page_session(server):
             until(page, lambda: len(reply.inner_text()) > 0)
             assert page.locator(".msg.user").first.inner_text() == "Hello there"
             until(page, lambda: len(reply.inner_text()) > 20)  # streamed: it grows while we watch
-            page.click("#stop")
+            try:
+                page.click("#stop", timeout=10_000)
+            except sync_api.Error as e:
+                raise AssertionError(f"Stop: {e.message.splitlines()[0]}; the page shows "
+                                     f"{page.inner_text('body')[-300:]!r}; the server said {server.text_log()[-2000:]}")
             until(page, lambda: "stopped" in page.locator(".stats").first.inner_text())
             shown = reply.inner_text()
             assert shown and page.is_enabled("#send") and not page.is_enabled("#stop")
