@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from attnlab import sampling
+from attnlab.engines import choose_engine, context_limit
 from attnlab.models.seq2seq import Seq2SeqTransformer
 
 
@@ -205,14 +206,9 @@ def context_window(model) -> int | None:
     None (every position) for a recurrent model (Mamba: a constant-size state, no positions) and for
     a model with a sliding window and rotary positions (its rolling KV cache holds only the window
     and RoPE needs no table): their context is unbounded. Otherwise cfg.max_seq_len: the rows of
-    the learned or sinusoidal position table, or RoPE's trained length.
+    the learned or sinusoidal position table, or RoPE's trained length (engines.context_limit).
     """
-    cfg = model.cfg
-    if model.is_recurrent:
-        return None
-    if cfg.sliding_window is not None and cfg.positions == "rope":
-        return None
-    return cfg.max_seq_len
+    return context_limit(model)
 
 
 def check_context(model, prompt_len: int, max_new_tokens: int) -> None:
@@ -224,63 +220,51 @@ def check_context(model, prompt_len: int, max_new_tokens: int) -> None:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
 
 
-def _window_logits(model, ids: torch.Tensor, mask: torch.Tensor, window: int | None) -> torch.Tensor:
-    """Next-token logits (B, V) from one uncached forward over the last `window` columns of the
-    left-padded ids (B, L) and mask (B, L) (all of them for None), positions counting each row's
-    real tokens in the window from 0 (nanoGPT's crop to the last block_size tokens)."""
-    if window is not None:
-        ids, mask = ids[:, -window:], mask[:, -window:]  # (B, C) each
-    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, C): real tokens count from 0
+def _window_logits(model, sequences: list[list[int]], window: int | None, device) -> torch.Tensor:
+    """Next-token logits (N, V) from one uncached forward over the last `window` tokens of each
+    sequence (all of them for None), left-padded, positions counting each row's tokens in the
+    window from 0 (nanoGPT's crop to the last block_size tokens)."""
+    ids, mask = _left_pad([s if window is None else s[-window:] for s in sequences], 0, device)  # (N, C) each
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)  # (N, C): real tokens count from 0
     padded = not bool(mask.all())
     return model(ids, mask if padded else None, positions, logits_to_keep=1).logits[:, -1]
-
-
-def _prefill(model, ids: torch.Tensor, mask: torch.Tensor, window: int | None) -> torch.Tensor:
-    """Run the last `window` columns of the prompt into the KV cache (in chunks for a rolling
-    cache) and return the next-token logits (B, V)."""
-    if window is not None:
-        ids, mask = ids[:, -window:], mask[:, -window:]  # (B, C) each
-    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, C)
-    padded = not bool(mask.all())
-    chunk = model.max_chunk or ids.size(1)
-    for s in range(0, ids.size(1), chunk):
-        logits = model(ids[:, s:s + chunk], mask[:, :s + chunk] if padded else None,
-                       positions[:, s:s + chunk], logits_to_keep=1).logits[:, -1]
-    return logits
 
 
 @torch.no_grad()
 def generate(model, prompts: list[list[int]], max_new_tokens: int = 128, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None, stop_tokens: list[int] | None = None,
-             seed: int | None = None, use_cache: bool = True, on_token=None) -> list[list[int]]:
-    """Autoregressive generation for a decoder-only model (models.gpt.GPT), batched, of any length.
+             seed: int | None = None, use_cache: bool = True, on_token=None, engine: str = "auto"
+             ) -> list[list[int]]:
+    """Autoregressive generation for a decoder-only model (models.gpt.GPT, models.mamba.Mamba),
+    batched, of any length.
 
-    Prompts of different lengths are left-padded; positions count real tokens only, and padding is
-    masked out of attention. With use_cache the prompt is run once (prefill, in chunks for a rolling
-    sliding-window cache) and each new token reuses the keys/values of all earlier ones; without it,
-    the whole window is recomputed at every step (the reference the cache must equal, token for
-    token).
+    With use_cache each prompt is run once into its own slot of a decode engine (engines/: the
+    fused C++ step where it applies, else the model's own forward; choose_engine's rule) and every
+    step decodes one new token of each unfinished sequence, each at its own length and position.
+    Without it, the whole window of every sequence is recomputed at every step in one left-padded
+    uncached forward (the reference the cache must equal, token for token).
 
     Long generation: each token is conditioned on the most recent C = context_window(model)
-    tokens, at positions 0..C−1 (a longer prompt is cut to its last C tokens). While the sequence
-    fits in C the KV cache is used; once it is longer, every step re-encodes the last C tokens in
-    one uncached forward (absolute positions shift as the window slides, so no cached key stays
+    tokens, at positions 0..C−1 (a longer prompt is cut to its last C tokens). While a sequence
+    fits in C its cache is used; once it is longer, each of its steps re-encodes its last C tokens
+    in one uncached forward (absolute positions shift as the window slides, so no cached key stays
     valid): the same tokens as use_cache=False, at the cost of C positions per new token. Models with
     a sliding window and RoPE (C = None) instead keep rolling their cache over an unbounded context.
 
     Args:
-        model: a GPT in eval mode. prompts: B non-empty lists of token ids.
+        model: a GPT or Mamba in eval mode. prompts: B non-empty lists of token ids.
         max_new_tokens: tokens to generate per prompt (fewer when a stop token comes); any number.
         temperature, top_k, top_p: the sampling chain (sampling.sample_next); temperature 0 = greedy.
         stop_tokens: ids that end a sequence (default: the model's eos_id, if any); not returned.
         seed: seeds the sampling generator (same seed, same text); None = torch's global RNG.
-        use_cache: decode with the KV cache (True) or recompute the window at every step (False).
+        use_cache: decode with an engine's caches (True) or recompute the window at every step (False).
         on_token: called as on_token(row, token_id) for each generated token, as it is chosen.
+        engine: "auto" (choose_engine's rule), "fused-cpp" or "reference" (engines/choose.py).
     Returns:
         B lists of new token ids.
     Raises:
-        ValueError: for an empty prompt list or prompt, max_new_tokens < 1, or an invalid sampling
-            argument.
+        ValueError: for an empty prompt list or prompt, max_new_tokens < 1, an invalid sampling
+            argument, or an engine that does not run this model.
     Source: Karpathy's nanoGPT, model.py GPT.generate ("if the sequence context is growing too long
         we must crop it at block_size"), used by its sample.py.
     """
@@ -292,42 +276,42 @@ def generate(model, prompts: list[list[int]], max_new_tokens: int = 128, tempera
     generator = torch.Generator().manual_seed(seed) if seed is not None else None
     device = next(model.parameters()).device
     window = context_window(model)
-    ids, mask = _left_pad(prompts, 0, device)  # (B, L) each, growing by one column per step
-    padded = not bool(mask.all())
+    sequences = [list(p if window is None else p[-window:]) for p in prompts]  # grow by one token per step
     b = len(prompts)
     out: list[list[int]] = [[] for _ in range(b)]
-    done = torch.zeros(b, dtype=torch.bool, device=device)
-    cached = use_cache
-    try:
-        logits = None
+    done = [False] * b
+    decoder = None
+    if use_cache:
+        longest = max(map(len, sequences)) + max_new_tokens
+        decoder = choose_engine(model, b, longest if window is None else min(longest, window), engine)
+        logits = decoder.prefill(range(b), sequences)  # (B, V)
+    else:
+        logits = _window_logits(model, sequences, window, device)
+    for step in range(max_new_tokens):
+        nxt = sampling.sample_next(logits, temperature, top_k, top_p, generator).tolist()  # (B,)
+        for row in range(b):
+            if done[row]:
+                continue
+            if nxt[row] in stop:
+                done[row] = True
+                continue
+            out[row].append(nxt[row])
+            sequences[row].append(nxt[row])
+            if on_token is not None:
+                on_token(row, nxt[row])
+        if all(done) or step == max_new_tokens - 1:
+            break
+        live = [row for row in range(b) if not done[row]]
+        if decoder is None:
+            logits = _window_logits(model, sequences, window, device)
+            continue
+        cached = [row for row in live if window is None or len(sequences[row]) <= window]
+        sliding = [row for row in live if row not in cached]  # past the context: one forward over the window
+        logits = logits.clone()
         if cached:
-            total = ids.size(1) + max_new_tokens
-            model.setup_kv_cache(b, total if window is None else min(total, window))
-            logits = _prefill(model, ids, mask, window)
-        for step in range(max_new_tokens):
-            if logits is None:
-                logits = _window_logits(model, ids, mask, window)
-            nxt = sampling.sample_next(logits, temperature, top_k, top_p, generator)  # (B,)
-            for row in (~done).nonzero().flatten().tolist():
-                token = int(nxt[row])
-                if token in stop:
-                    done[row] = True
-                    continue
-                out[row].append(token)
-                if on_token is not None:
-                    on_token(row, token)
-            if bool(done.all()) or step == max_new_tokens - 1:
-                break
-            new_pos = mask.long().sum(-1, keepdim=True)  # (B, 1): the real tokens before the new one
-            ids = torch.cat([ids, nxt[:, None]], dim=1)
-            mask = torch.cat([mask, torch.ones(b, 1, dtype=torch.bool, device=device)], dim=1)
-            logits = None
-            if cached and (window is None or ids.size(1) <= window):
-                logits = model(nxt[:, None], mask if padded else None, new_pos, logits_to_keep=1).logits[:, -1]
-            elif cached:  # the window starts to slide: from here on, one forward over it per token
-                model.clear_kv_cache()
-                cached = False
-    finally:
-        if use_cache:
-            model.clear_kv_cache()
+            logits[cached] = decoder.step(cached, [sequences[row][-1] for row in cached]).to(logits.dtype)
+        if sliding:
+            for row in sliding:
+                decoder.release(row)
+            logits[sliding] = _window_logits(model, [sequences[row] for row in sliding], window, device).to(logits.dtype)
     return out

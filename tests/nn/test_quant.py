@@ -16,8 +16,8 @@ import torch.nn.functional as F
 
 from attnlab.generate import generate
 from attnlab.models.gpt import GPT, GPTConfig
-from attnlab.nn.quant import (GGML_TYPE, SCHEMES, dequantize, from_gguf_blocks, quantize,
-                              quantize_activations, to_gguf_blocks)
+from attnlab.interop.gguf_quants import GGML_TYPE, from_gguf_blocks, to_gguf_blocks
+from attnlab.nn.quant import SCHEMES, dequantize, quantize, quantize_activations
 from attnlab.nn.quant_kernel import PREFILL_ROWS, kernel, quant_matmul
 from attnlab.nn.quant_linear import QuantEmbedding, QuantLinear, check_dtype, quantize_model, set_dtype
 
@@ -149,16 +149,3 @@ def test_unsupported_quantizations_are_refused_by_name():
         quantize_model(model, "q8_0")
     with pytest.raises(ValueError, match="multiple of 32"):
         quantize(torch.zeros(3, 40), "q4_0")
-
-
-@pytest.mark.parametrize("scheme", SCHEMES)
-def test_fused_projections_equal_separate_ones(scheme):
-    model = quantize_model(tiny_llama(), scheme)  # q/k/v and gate/up joined (fuse_quantized)
-    attn = model.layers[0].self_attn
-    assert attn.q_proj.qs.untyped_storage().data_ptr() == attn.v_proj.qs.untyped_storage().data_ptr()
-    ids = torch.tensor([[1, 2, 3, 4, 5]])
-    with torch.no_grad():
-        fused = model(ids).logits
-        for module in model.modules():
-            module.__dict__.pop("fused_group", None)
-        assert torch.equal(fused, model(ids).logits)

@@ -23,10 +23,10 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 import torch
 
-from attnlab.interop.gguf_quants import TYPES, dequantize
+from attnlab.interop.gguf_quants import TYPES, dequantize, from_gguf_blocks
 from attnlab.models.gpt import GPT, GPTConfig
-from attnlab.nn.quant import SCHEMES, QuantWeight, from_gguf_blocks, quantize
-from attnlab.nn.quant_linear import check_dtype, fuse_quantized, set_dtype, set_quantized
+from attnlab.nn.quant import SCHEMES, QuantWeight, quantize
+from attnlab.nn.quant_linear import check_dtype, set_dtype, set_quantized
 from attnlab.tokenizers.bpe import ByteLevelBPE
 from attnlab.tokenizers.gguf import tokenizer_from_metadata
 
@@ -215,7 +215,6 @@ def _load_weights(reader, model: GPT, tied: bool, dtype: str) -> None:
     assert set(missing) <= set(quantized), missing
     for ours, qw in quantized.items():
         set_quantized(model, ours.removesuffix(".weight"), qw)
-    fuse_quantized(model)
 
 
 def load_gguf(path, dtype: str = "fp32") -> tuple[GPT, ByteLevelBPE, dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""Dequantizing GGUF tensors (llama.cpp's ggml types) to float32, in numpy.
+"""GGUF tensors of llama.cpp's ggml types: their type ids and block bytes, and decoding them to float32.
 
 Shape legend: N elements of the tensor, NB blocks (N = 32 · NB), C the innermost (contiguous)
 dimension, ggml's ne0, which every block lies inside (C % 32 == 0).
@@ -8,6 +8,9 @@ consecutive weights of one row, little-endian:
     Q4_0  18 bytes: fp16 scale d, 16 bytes of 4-bit q                  w = (q − 8) · d
     Q4_1  20 bytes: fp16 scale d, fp16 minimum m, 16 bytes of 4-bit q  w = q · d + m
 In Q4_0 / Q4_1, byte j holds element j in its low nibble and element j + 16 in its high nibble.
+The formats themselves (qs, d, m and their algebra) are nn/quant.py's; here only how a GGUF file
+lays them out: `from_gguf_blocks` splits a tensor's blocks into a QuantWeight, `to_gguf_blocks`
+joins them, and these three types decode through nn/quant.py's dequantize.
 F32, F16 and BF16 are plain arrays (BF16: the top 16 bits of an fp32).
 Every other type gguf-py can decode (the K-quants Q2_K..Q6_K of 256-weight super-blocks, Q5_0, Q5_1,
 the IQ types...) is decoded by `gguf.quants.dequantize`, the reference implementation, as it is.
@@ -22,12 +25,50 @@ import math
 from typing import Sequence
 
 import numpy as np
+import torch
 
-BLOCK = 32  # weights per block of every quantized type here
+from attnlab.nn.quant import BLOCK, QS_BYTES, SCALES, SCHEMES, QuantWeight, dequantize as dequantize_blocks
+
+GGML_TYPE = {"q8_0": 8, "q4_0": 2, "q4_1": 3}  # ggml type ids (gguf.GGMLQuantizationType) of our schemes
+BLOCK_BYTES = {s: 2 * len(SCALES[s]) + QS_BYTES[s] for s in SCHEMES}  # a GGUF block: fp16 d [m], then qs
 # ggml type id -> (name, bytes per block of 32, or bytes per element for the plain types)
 TYPES: dict[int, tuple[str, int]] = {0: ("F32", 4), 1: ("F16", 2), 30: ("BF16", 2),
-                                     8: ("Q8_0", 34), 2: ("Q4_0", 18), 3: ("Q4_1", 20)}
+                                     **{GGML_TYPE[s]: (s.upper(), BLOCK_BYTES[s]) for s in SCHEMES}}
 PLAIN = ("F32", "F16", "BF16")
+
+
+def from_gguf_blocks(raw, scheme: str, shape: tuple[int, int]) -> QuantWeight:
+    """Split a GGUF tensor's blocks (d [m] qs, little-endian) into a QuantWeight, copying the bytes.
+
+    Args:
+        raw: numpy or torch bytes of the tensor (any shape, C order). shape: (O, I) outermost first.
+    Raises:
+        ValueError: when the byte count does not match shape and scheme.
+    """
+    rows, cols = shape
+    size = BLOCK_BYTES[scheme]
+    data = raw.reshape(-1).view(torch.uint8) if isinstance(raw, torch.Tensor) else \
+        torch.from_numpy(np.ascontiguousarray(raw).reshape(-1).view(np.uint8).copy())  # (bytes,)
+    nb = cols // BLOCK
+    if cols % BLOCK or data.numel() != rows * nb * size:
+        raise ValueError(f"a {scheme} tensor of shape {shape} needs {rows * nb * size} bytes, got {data.numel()}")
+    blocks = data.reshape(rows, nb, size)
+    scales = [blocks[..., 2 * i:2 * i + 2].contiguous().view(torch.float16).reshape(rows, nb)
+              for i in range(len(SCALES[scheme]))]  # d (and m), (O, NB) each
+    qs = blocks[..., 2 * len(scales):].contiguous()
+    qs = qs.view(torch.int8).reshape(rows, cols) if scheme == "q8_0" else qs.reshape(rows, cols // 2)
+    return QuantWeight(scheme, qs, scales[0], scales[1] if len(scales) > 1 else None)
+
+
+def to_gguf_blocks(qw: QuantWeight) -> torch.Tensor:
+    """The GGUF bytes of a QuantWeight: (O, NB · bytes per block) uint8, each block d [m] qs."""
+    rows, cols = qw.shape
+    nb = cols // BLOCK
+    parts = [qw.d.contiguous().view(torch.uint8).reshape(rows, nb, 2)]
+    if qw.m is not None:
+        parts.append(qw.m.contiguous().view(torch.uint8).reshape(rows, nb, 2))
+    parts.append(qw.qs.contiguous().view(torch.uint8).reshape(rows, nb, -1))
+    return torch.cat(parts, dim=-1).reshape(rows, -1)
 
 
 def _type_name(ggml_type) -> str:
@@ -36,16 +77,6 @@ def _type_name(ggml_type) -> str:
         return GGMLQuantizationType(int(ggml_type)).name
     except (ImportError, ValueError):
         return f"type {int(ggml_type)}"
-
-
-def _fp16(column: np.ndarray) -> np.ndarray:
-    """(NB, 2) uint8 -> (NB, 1) float32 from little-endian fp16."""
-    return np.ascontiguousarray(column).view("<f2").astype(np.float32)
-
-
-def _nibbles(qs: np.ndarray) -> np.ndarray:
-    """(NB, 16) uint8 -> (NB, 32) uint8: the low nibbles (elements 0..15), then the high (16..31)."""
-    return np.concatenate([qs & 0x0F, qs >> 4], axis=1)
 
 
 def dequantize(raw: np.ndarray, ggml_type, shape: Sequence[int], name: str = "tensor") -> np.ndarray:
@@ -87,16 +118,9 @@ def dequantize(raw: np.ndarray, ggml_type, shape: Sequence[int], name: str = "te
         return data.view("<f2").astype(np.float32).reshape(shape)
     if kind == "BF16":
         return (data.view("<u2").astype(np.uint32) << 16).view(np.float32).reshape(shape)
-    blocks = data.reshape(-1, size)  # (NB, bytes per block)
-    d = _fp16(blocks[:, 0:2])  # (NB, 1)
-    if kind == "Q8_0":
-        out = blocks[:, 2:].view(np.int8).astype(np.float32) * d  # (NB, 32)
-    elif kind == "Q4_0":
-        out = d * (_nibbles(blocks[:, 2:]).astype(np.int8) - np.int8(8)).astype(np.float32)
-    else:  # Q4_1
-        m = _fp16(blocks[:, 2:4])  # (NB, 1)
-        out = d * _nibbles(blocks[:, 4:]).astype(np.float32) + m
-    return out.reshape(shape)
+    cols = shape[-1]
+    qw = from_gguf_blocks(data, kind.lower(), (n // cols, cols))
+    return dequantize_blocks(qw).numpy().reshape(shape)
 
 
 def _dequantize_with_gguf(data: np.ndarray, code: int, shape: tuple[int, ...], name: str) -> np.ndarray:

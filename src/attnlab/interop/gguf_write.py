@@ -23,7 +23,7 @@ import torch
 from attnlab.files import atomic_write
 from attnlab.interop.gguf import gguf_tensor_names
 from attnlab.models.gpt import GPT
-from attnlab.nn.quant import GGML_TYPE
+from attnlab.interop.gguf_quants import GGML_TYPE
 from attnlab.tokenizers.bpe import ByteLevelBPE
 from attnlab.tokenizers.gguf import CONTROL, NORMAL, PRE_PATTERNS, USER_DEFINED
 from attnlab.tokenizers.pretokenize import token_to_unicode

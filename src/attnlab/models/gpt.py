@@ -16,7 +16,6 @@ from attnlab.config import Config, check, check_literals
 from attnlab.models.base import Model
 from attnlab.nn.attention import MultiHeadAttention
 from attnlab.nn.blocks import TransformerLayer
-from attnlab.nn.fused_decode import FusedDecoder, enabled as fused_decode_enabled
 from attnlab.nn.kv_cache import KVCache
 from attnlab.nn.linear import Linear
 from attnlab.nn.masks import causal_mask
@@ -165,11 +164,10 @@ class GPT(Model):
     (tied to the embeddings when cfg.tie_embeddings).
 
     Incremental decoding: setup_kv_cache() allocates one KVCache per layer; forward() then appends
-    to them and attends to all cached positions; clear_kv_cache() frees them. The caller (generate.py)
-    owns positions and padding: it passes position_ids and the key-padding attention_mask. One new
-    token of one sequence (batch-1 decoding, no grad) takes the fused C++ step of nn/fused_decode.py
-    where it runs the model (LLaMA style, CPU, fp32 or quantized weights): the same logits up to
-    fp32 summation order, the same cache contents.
+    to them and attends to all cached positions; clear_kv_cache() frees them. The caller (generate.py,
+    a decode engine of engines/) owns positions and padding: it passes position_ids and the
+    key-padding attention_mask. This forward is the reference: the fast decode paths (the fused C++
+    step) are engines (engines/), tested equal to it.
 
     Sources: Radford et al. 2018 / 2019 (GPT, GPT-2: decoder-only, learned positions, Pre-LN, init
     std cfg.init_std (GPT-2's 0.02 by default) with residual projections scaled by 1/√(2L));
@@ -194,7 +192,6 @@ _decoder_block(cfg) for _ in range(cfg.n_layers))
         self.norm = make_norm(cfg.norm, d, cfg.norm_eps, cfg.bias) if cfg.norm_position == "pre" else nn.Identity()
         self.lm_head = Linear(d, cfg.vocab_size, bias=False)
         self.caches: list[KVCache] | None = None
-        self._fused: FusedDecoder | bool | None = None  # the fused decode step: None = not built yet, False = n/a
         self._init_weights()
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
@@ -219,11 +216,9 @@ _decoder_block(cfg) for _ in range(cfg.n_layers))
         window = window if window is not None and window < capacity else None
         self.caches = [KVCache(batch_size, self.cfg.n_kv_heads, capacity, self.cfg.head_dim, dtype or p.dtype,
                                p.device, window) for _ in self.layers]
-        self._fused = None  # bound again to the current weights at the first decoding step
 
     def clear_kv_cache(self) -> None:
         self.caches = None
-        self._fused = None
 
     @property
     def max_chunk(self) -> int | None:
@@ -236,30 +231,6 @@ _decoder_block(cfg) for _ in range(cfg.n_layers))
         return sum(c.memory_bytes() for c in self.caches or [])
 
     # ------------------------------------------------------------------ forward
-    def _fused_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                      position_ids: torch.Tensor | None, need_weights: bool) -> torch.Tensor | None:
-        """(1, 1, V) logits of one new token from the fused C++ step (nn/fused_decode.py), or None where
-        this call takes the PyTorch path: not one token of one sequence with a KV cache, padding,
-        attention weights, training, autograd, compiling, ATTNLAB_FUSED_DECODE=0, or a model the step
-        does not run (FusedDecoder.build). Bound to the weights at the first step after setup_kv_cache().
-        """
-        if (not self.caches or input_ids.shape != (1, 1) or need_weights or self.training or self._fused is False
-                or torch.is_grad_enabled() or not fused_decode_enabled() or torch.compiler.is_compiling()
-                or (attention_mask is not None and not bool(attention_mask.all()))):
-            return None
-        if self._fused is None:
-            fused = None if self.cfg.positions != "rope" else FusedDecoder.build(
-                embed=self.embed_tokens, layers=self.layers, norm=self.norm, lm_head=self.lm_head,
-                rotary=self.rotary, window=self.cfg.sliding_window, caches=self.caches)
-            self._fused = False if fused is None else fused
-            if fused is None:
-                return None
-        token = int(input_ids)
-        position = self.caches[0].length if position_ids is None else int(position_ids)
-        if not 0 <= token < self.cfg.vocab_size or position < 0:
-            return None  # the PyTorch path: its own error for a bad token
-        return self._fused.step(token, position, self.caches).view(1, 1, -1)
-
     def _mask(self, t: int, offset: int, key_start: int, attention_mask: torch.Tensor | None,
               device: torch.device) -> torch.Tensor | None:
         window = self.cfg.sliding_window
@@ -302,9 +273,6 @@ _decoder_block(cfg) for _ in range(cfg.n_layers))
         """
         if logits_to_keep < 0:
             raise ValueError(f"logits_to_keep must be >= 0 (0 = every position), got {logits_to_keep}")
-        logits = self._fused_logits(input_ids, attention_mask, position_ids, need_weights)
-        if logits is not None:
-            return GPTOutput(logits, logits.new_zeros(()))
         b, t = input_ids.shape
         offset = self.caches[0].length if self.caches else 0
         if self.caches:

@@ -15,7 +15,6 @@ from torch import nn
 from attnlab.nn.kv_cache import KVCache
 from attnlab.nn.linear import Linear
 from attnlab.nn.masks import causal_mask
-from attnlab.nn.quant_linear import fused_outputs
 from attnlab.nn.rope import apply_rope
 
 IMPLS = ("sdpa", "math")
@@ -131,13 +130,10 @@ class MultiHeadAttention(nn.Module):
         Returns:
             (output (B, T, D), weights (B, H, T, S) or None).
         """
-        if kv is None and kv_input is None:  # self-attention: q, k, v of one input (one call when fused)
-            qx, kx, vx = fused_outputs(x, self.q_proj, self.k_proj, self.v_proj)
-            q = self._split(qx, self.n_heads)  # (B, H, T, Dh)
-            k, v = self._split(kx, self.n_kv_heads), self._split(vx, self.n_kv_heads)  # (B, K, S, Dh)
-        else:
-            q = self._split(self.q_proj(x), self.n_heads)  # (B, H, T, Dh)
-            k, v = kv if kv is not None else self.project_kv(kv_input)  # (B, K, S, Dh)
+        q = self._split(self.q_proj(x), self.n_heads)  # (B, H, T, Dh)
+        if kv is None:  # self-attention (kv_input None) or cross-attention
+            kv = self.project_kv(x if kv_input is None else kv_input)
+        k, v = kv  # (B, K, S, Dh) each
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:

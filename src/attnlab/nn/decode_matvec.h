@@ -1,11 +1,12 @@
-// Matrix-vector products of one decoding step (batch 1, one new token): y = W x + b for dense fp32
+// Matrix products of one decoding step (R new tokens, one per sequence): y = x Wᵀ + b for dense fp32
 // and block-quantized (Q8_0, Q4_0, Q4_1) weights, several matrices of one input in one pass over
 // the threads (q|k|v, gate|up), their outputs concatenated.
 //
-// Shapes: x (I,) fp32; each part's W (O_p, I): fp32 (O_p, I) contiguous, or qs / d / m as in
-// nn/quant.py; b (O_p,) fp32 or none; y (Σ O_p,) fp32, part p's rows at its offset.
+// Shapes: x (R, I) fp32; each part's W (O_p, I): fp32 (O_p, I) contiguous, or qs / d / m as in
+// nn/quant.py; b (O_p,) fp32 or none; y (R, Σ O_p) fp32, part p's columns at its offset.
 // fp32: each output is one dot product of I terms, 16 lanes of fp32 FMA then a horizontal sum (the
-// order of the additions differs from F.linear's: results agree up to fp32 summation order).
+// order of the additions differs from F.linear's: results agree up to fp32 summation order); a tile
+// of 4 weight rows × up to 4 x rows shares the loads.
 // Quantized: x is quantized once per 32-block (quant_kernel.h), then each block's 32 int8 products
 // are summed exactly in int32, as in torch.ops.attnlab_quant.linear (same tile code, same result).
 // Rows are split over at::parallel_for in tiles of MR rows; a product smaller than kParallelBytes
@@ -83,36 +84,64 @@ struct Group {  // parts of one input, outputs concatenated
   }
 };
 
-// y[o .. o+M) = W[o .. o+M) x for fp32 W (O, I) row-major; the last partial vector of a row masked.
+// y[r][o .. o+M) = W[o .. o+M) x[r] for N rows r0 .. r0+N of x (ldx floats apart) and fp32 W (O, I)
+// row-major; each output is the sum of one 16-lane accumulator, the same whatever N (so a row of a batch
+// gets the bits it gets alone); the last partial vector of a row masked.
+template <int M, int N>
+inline void f32_tile(const float* w, int64_t in, const float* x, int64_t ldx, int64_t o, int64_t r0, float* y,
+                     int64_t ldy) {
+  __m512 acc[M][N];
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < N; ++j) acc[i][j] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= in; k += 16) {
+    __m512 wv[M];
+    for (int i = 0; i < M; ++i) wv[i] = _mm512_loadu_ps(w + (o + i) * in + k);
+    for (int j = 0; j < N; ++j) {
+      const __m512 xv = _mm512_loadu_ps(x + (r0 + j) * ldx + k);
+      for (int i = 0; i < M; ++i) acc[i][j] = _mm512_fmadd_ps(wv[i], xv, acc[i][j]);
+    }
+  }
+  if (k < in) {
+    const __mmask16 mask = (__mmask16)((1u << (in - k)) - 1);
+    __m512 wv[M];
+    for (int i = 0; i < M; ++i) wv[i] = _mm512_maskz_loadu_ps(mask, w + (o + i) * in + k);
+    for (int j = 0; j < N; ++j) {
+      const __m512 xv = _mm512_maskz_loadu_ps(mask, x + (r0 + j) * ldx + k);
+      for (int i = 0; i < M; ++i) acc[i][j] = _mm512_fmadd_ps(wv[i], xv, acc[i][j]);
+    }
+  }
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < N; ++j) y[(r0 + j) * ldy + o + i] = _mm512_reduce_add_ps(acc[i][j]);
+}
+
+// M weight rows from o against all `rows` rows of x, 4 at a time
 template <int M>
-inline void f32_rows(const float* w, int64_t in, const float* x, int64_t o, float* y) {
-  __m512 acc[M];
-  for (int r = 0; r < M; ++r) acc[r] = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= in; i += 16) {
-    const __m512 xv = _mm512_loadu_ps(x + i);
-    for (int r = 0; r < M; ++r) acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(w + (o + r) * in + i), xv, acc[r]);
+inline void f32_rows(const float* w, int64_t in, const float* x, int64_t rows, int64_t o, float* y, int64_t ldy) {
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) f32_tile<M, 4>(w, in, x, in, o, r, y, ldy);
+  switch (rows - r) {
+    case 3: f32_tile<M, 3>(w, in, x, in, o, r, y, ldy); break;
+    case 2: f32_tile<M, 2>(w, in, x, in, o, r, y, ldy); break;
+    case 1: f32_tile<M, 1>(w, in, x, in, o, r, y, ldy); break;
+    default: break;
   }
-  if (i < in) {
-    const __mmask16 k = (__mmask16)((1u << (in - i)) - 1);
-    const __m512 xv = _mm512_maskz_loadu_ps(k, x + i);
-    for (int r = 0; r < M; ++r) acc[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, w + (o + r) * in + i), xv, acc[r]);
-  }
-  for (int r = 0; r < M; ++r) y[o + r] = _mm512_reduce_add_ps(acc[r]);
 }
 
 template <int SCHEME>
-inline void quant_rows(const Linear& l, const Acts& a, const Tile& t, float* y) {
+inline void quant_rows(const Linear& l, const Acts& a, const Tile& t, float* y, int64_t ldy) {
   const int64_t nb = l.in / QK, row_bytes = SCHEME == Q8_0 ? l.in : l.in / 2;
-  if (t.rows == MR) rows_tile<SCHEME, MR>(l.qsp, l.dp, l.mp, row_bytes, nb, a, t.o, y, l.out);
-  else rows_tile<SCHEME, 1>(l.qsp, l.dp, l.mp, row_bytes, nb, a, t.o, y, l.out);
+  if (t.rows == MR) rows_tile<SCHEME, MR>(l.qsp, l.dp, l.mp, row_bytes, nb, a, t.o, y, ldy);
+  else rows_tile<SCHEME, 1>(l.qsp, l.dp, l.mp, row_bytes, nb, a, t.o, y, ldy);
 }
 
-// y (g.out,) = [W_p x + b_p for each part p]; a8 / a4: scratch for x's int8 forms.
-inline void matvec(const Group& g, const float* x, float* y, Acts& a8, Acts& a4) {
-  if (g.q8) quantize_rows(a8, x, 1, g.in, Q8_0);
-  if (g.q4) quantize_rows(a4, x, 1, g.in, Q4_0);  // Q4_0 and Q4_1 read the same activation form
-  at::parallel_for(0, (int64_t)g.tiles.size(), g.grain, [&](int64_t t0, int64_t t1) {
+// y (R, g.out) = [x W_p^T + b_p for each part p] for x (R, g.in); a8 / a4: scratch for x's int8 forms.
+// Each output element is computed by one thread in an order that depends on neither R nor the threads.
+inline void matvec(const Group& g, const float* x, int64_t rows, float* y, Acts& a8, Acts& a4) {
+  if (g.q8) quantize_rows(a8, x, rows, g.in, Q8_0);
+  if (g.q4) quantize_rows(a4, x, rows, g.in, Q4_0);  // Q4_0 and Q4_1 read the same activation form
+  const int64_t grain = std::max<int64_t>(1, g.grain / rows);  // more rows: more work per tile
+  at::parallel_for(0, (int64_t)g.tiles.size(), grain, [&](int64_t t0, int64_t t1) {
     for (int64_t i = t0; i < t1; ++i) {
       const Tile& t = g.tiles[i];
       const Linear& l = g.parts[t.part];
@@ -122,15 +151,16 @@ inline void matvec(const Group& g, const float* x, float* y, Acts& a8, Acts& a4)
       }
       float* yp = y + l.offset;
       switch (l.kind) {
-        case Q8_0: quant_rows<Q8_0>(l, a8, t, yp); break;
-        case Q4_0: quant_rows<Q4_0>(l, a4, t, yp); break;
-        case Q4_1: quant_rows<Q4_1>(l, a4, t, yp); break;
+        case Q8_0: quant_rows<Q8_0>(l, a8, t, yp, g.out); break;
+        case Q4_0: quant_rows<Q4_0>(l, a4, t, yp, g.out); break;
+        case Q4_1: quant_rows<Q4_1>(l, a4, t, yp, g.out); break;
         default:
-          if (t.rows == MR) f32_rows<MR>(l.wp, l.in, x, t.o, yp);
-          else f32_rows<1>(l.wp, l.in, x, t.o, yp);
+          if (t.rows == MR) f32_rows<MR>(l.wp, l.in, x, rows, t.o, yp, g.out);
+          else f32_rows<1>(l.wp, l.in, x, rows, t.o, yp, g.out);
       }
       if (l.bp != nullptr)
-        for (int64_t r = t.o; r < t.o + t.rows; ++r) yp[r] += l.bp[r];
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t o = t.o; o < t.o + t.rows; ++o) yp[r * g.out + o] += l.bp[o];
     }
   });
 }

@@ -1,21 +1,26 @@
-// One decoding step of a LLaMA-style decoder stack in one call: batch 1, one new token, every layer,
-// the final norm and the output projection, with the model's own weights and KV cache tensors.
+// One decoding step of a LLaMA-style decoder stack in one call: one new token for each of N sequences,
+// every layer, the final norm and the output projection, with the model's own weights; each sequence
+// has its own KV cache row, length and position (continuous batching: engines/fused.py).
 //
-// Shapes: D model dim, H query heads, K kv heads, Dh head dim, F FFN hidden size, V vocabulary,
-// L cache capacity; q (H·Dh), k, v (K·Dh); caches (1, K, L, Dh) fp32, written in place.
-// Per layer (models/gpt.py, nn/blocks.py with Pre-LN; every op in fp32):
+// Shapes: N sequences, D model dim, H query heads, K kv heads, Dh head dim, F FFN hidden size,
+// V vocabulary, S cache rows (slots), C cache capacity; x (N, D); q (H·Dh), k, v (K·Dh) per sequence;
+// caches (S, K, C, Dh) fp32 per layer, sequence n in row rows[n], written in place.
+// Per layer and sequence (models/gpt.py, nn/blocks.py with Pre-LN; every op in fp32):
 //   h = RMSNorm(x) · g_attn                    x / sqrt(mean(x²) + ε), then the gain (nn/norm.py)
 //   [q | k | v] = W_qkv h (+ b)                decode_matvec.h: one pass over the threads
 //   q, k = RoPE(q), RoPE(k) at the position    x·cos + rotate_half(x)·sin, pairs (i, i + Dh/2)
-//   cache[slot] = k, v                         nn/kv_cache.py's layout: slot = length − start
+//   cache[row, :, slot] = k, v                 nn/kv_cache.py's layout: slot = length − start
 //   o = softmax(q kᵀ / √Dh) v over the visible slots first..slot (GQA: head h reads kv head h/(H/K))
 //   x = x + W_o o (+ b)
 //   h = RMSNorm(x) · g_ffn;  [g | u] = W_gu h;  x = x + W_down (SiLU(g) ⊙ u)
 // then logits (V,) = W_out (RMSNorm(x) · g_out). RMSNorm, RoPE, SiLU and the residual sums round as
 // PyTorch's operations (decode_ops.h), the int8 products are QuantLinear's own code; the fp32
 // products and attention add in another order, so results agree with the PyTorch path up to fp32
-// summation order (and, quantized, bit for bit until attention over more than one position).
-// Threads: at::parallel_for around each matrix product (and attention heads when the context is long).
+// summation order (and, quantized, bit for bit until attention over more than one position). Each
+// sequence's result does not depend on the others in the batch nor on the threads: a batched step
+// gives every sequence the bits its batch-1 step gives.
+// Threads: at::parallel_for around each matrix product (the N rows share each weight tile) and around
+// the (sequence, head) pairs of attention when the contexts are long.
 // Source: llama.cpp's llm_build_llama graph and ggml-cpu's ops (rms_norm, rope_neox, soft_max,
 // swiglu) for the same algebra; Touvron et al. 2023 (LLaMA), Su et al. 2021 (RoPE).
 #include <ATen/ATen.h>
@@ -117,10 +122,12 @@ class DecodePlan : public torch::CustomClassHolder {
     TORCH_CHECK(head_.in == d_, "lm_head must map D to V");
   }
 
-  // Logits (V,) of `token` at RoPE row `position` of cos / sin (P, Dh); writes its k, v at `slot`
-  // of every layer's cache (1, K, L, Dh) and attends to slots first..slot.
-  at::Tensor step(int64_t token, int64_t position, at::Tensor cos, at::Tensor sin, std::vector<at::Tensor> k_caches,
-                  std::vector<at::Tensor> v_caches, int64_t slot, int64_t first);
+  // Logits (N, V): sequence n's token tokens[n] at RoPE row positions[n] of cos / sin (P, Dh); writes
+  // its k, v at slot slots[n] of row rows[n] of every layer's caches (S, K, C, Dh) and attends to that
+  // row's slots firsts[n] .. slots[n]. rows must be distinct.
+  at::Tensor step(std::vector<int64_t> tokens, std::vector<int64_t> positions, std::vector<int64_t> rows,
+                  std::vector<int64_t> slots, std::vector<int64_t> firsts, at::Tensor cos, at::Tensor sin,
+                  std::vector<at::Tensor> k_caches, std::vector<at::Tensor> v_caches);
 
  private:
   Group group(const std::vector<int64_t>& ids) {
@@ -132,7 +139,8 @@ class DecodePlan : public torch::CustomClassHolder {
     return g;
   }
   void embed(int64_t token, float* x) const;
-  void attention(const float* q, const float* kc, const float* vc, int64_t cap, int64_t first, int64_t n, float* out);
+  void attention(const float* qkv, const float* kc, const float* vc, int64_t cap, const std::vector<int64_t>& rows,
+                 const std::vector<int64_t>& slots, const std::vector<int64_t>& firsts, float* out);
 
   int64_t d_, h_, k_, dh_, f_ = 0;
   std::vector<Linear> linears_;
@@ -171,73 +179,101 @@ void DecodePlan::embed(int64_t token, float* x) const {
   }
 }
 
-// out (H·Dh) from q (H·Dh) and n slots of the caches kc, vc (K, cap, Dh) from slot `first` on
-void DecodePlan::attention(const float* q, const float* kc, const float* vc, int64_t cap, int64_t first, int64_t n,
-                           float* out) {
-  const int64_t group = h_ / k_;
-  const int64_t grain = h_ * n * dh_ >= kParallelAttention ? 1 : h_;
-  at::parallel_for(0, h_, grain, [&](int64_t h0, int64_t h1) {
-    for (int64_t h = h0; h < h1; ++h) {
-      const int64_t g = h / group;
-      attend_head(q + h * dh_, kc + (g * cap + first) * dh_, vc + (g * cap + first) * dh_, n, dh_,
-                  p_.data() + h * cap, out + h * dh_);
+// out (N, H·Dh): for each sequence n, its q (row n of qkv (N, (H + 2K)·Dh)) against slots
+// firsts[n] .. slots[n] of cache row rows[n] of kc, vc (S, K, cap, Dh)
+void DecodePlan::attention(const float* qkv, const float* kc, const float* vc, int64_t cap,
+                           const std::vector<int64_t>& rows, const std::vector<int64_t>& slots,
+                           const std::vector<int64_t>& firsts, float* out) {
+  const int64_t group = h_ / k_, n = (int64_t)rows.size(), width = (h_ + 2 * k_) * dh_;
+  int64_t work = 0;
+  for (int64_t i = 0; i < n; ++i) work += (slots[i] - firsts[i] + 1) * h_ * dh_;
+  const int64_t grain = work >= kParallelAttention ? 1 : n * h_;
+  at::parallel_for(0, n * h_, grain, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t i = t / h_, h = t % h_, g = h / group;
+      const int64_t base = ((rows[i] * k_ + g) * cap + firsts[i]) * dh_;
+      attend_head(qkv + i * width + h * dh_, kc + base, vc + base, slots[i] - firsts[i] + 1, dh_,
+                  p_.data() + t * cap, out + i * h_ * dh_ + h * dh_);
     }
   });
 }
 
-at::Tensor DecodePlan::step(int64_t token, int64_t position, at::Tensor cos, at::Tensor sin,
-                            std::vector<at::Tensor> k_caches, std::vector<at::Tensor> v_caches, int64_t slot,
-                            int64_t first) {
+at::Tensor DecodePlan::step(std::vector<int64_t> tokens, std::vector<int64_t> positions, std::vector<int64_t> rows,
+                            std::vector<int64_t> slots, std::vector<int64_t> firsts, at::Tensor cos, at::Tensor sin,
+                            std::vector<at::Tensor> k_caches, std::vector<at::Tensor> v_caches) {
   TORCH_CHECK(!layers_.empty() && norm_.defined(), "the plan has no layers or no output (set_output)");
-  TORCH_CHECK(token >= 0 && token < embed_.out, "token ", token, " is outside the vocabulary of ", embed_.out);
+  const int64_t n = (int64_t)tokens.size();
+  TORCH_CHECK(n > 0 && positions.size() == tokens.size() && rows.size() == tokens.size() &&
+              slots.size() == tokens.size() && firsts.size() == tokens.size(),
+              "tokens, positions, rows, slots and firsts must be N > 0 values each");
   TORCH_CHECK(cos.dim() == 2 && cos.size(1) == dh_ && cos.sizes() == sin.sizes() && cos.is_contiguous() &&
               sin.is_contiguous() && cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat,
               "cos and sin must be contiguous (P, Dh) float32");
-  TORCH_CHECK(position >= 0 && position < cos.size(0), "no RoPE row for position ", position);
   TORCH_CHECK(k_caches.size() == layers_.size() && v_caches.size() == layers_.size(), "one k and v cache per layer");
-  const int64_t cap = k_caches[0].size(2), n = slot - first + 1;
+  const int64_t n_rows = k_caches[0].size(0), cap = k_caches[0].size(2);
   for (size_t i = 0; i < layers_.size(); ++i)
     for (const at::Tensor& c : {k_caches[i], v_caches[i]})
-      TORCH_CHECK(c.dim() == 4 && c.size(0) == 1 && c.size(1) == k_ && c.size(2) == cap && c.size(3) == dh_ &&
+      TORCH_CHECK(c.dim() == 4 && c.size(0) == n_rows && c.size(1) == k_ && c.size(2) == cap && c.size(3) == dh_ &&
                   c.scalar_type() == at::kFloat && c.is_contiguous() && c.is_cpu(),
-                  "caches must be contiguous (1, K, L, Dh) float32 CPU tensors of one capacity");
-  TORCH_CHECK(0 <= first && first <= slot && slot < cap, "need 0 <= first <= slot < capacity");
-  x_.resize(d_), h_buf_.resize(std::max(d_, f_)), qkv_.resize((h_ + 2 * k_) * dh_), att_.resize(h_ * dh_);
-  gu_.resize(2 * f_), p_.resize(h_ * cap);
-  const float* cs = cos.data_ptr<float>() + position * dh_;
-  const float* sn = sin.data_ptr<float>() + position * dh_;
-  float *x = x_.data(), *h = h_buf_.data(), *qkv = qkv_.data();
-  embed(token, x);
+                  "caches must be contiguous (S, K, C, Dh) float32 CPU tensors of one shape");
+  std::vector<bool> seen(n_rows, false);
+  for (int64_t i = 0; i < n; ++i) {
+    TORCH_CHECK(tokens[i] >= 0 && tokens[i] < embed_.out, "token ", tokens[i], " is outside the vocabulary of ",
+                embed_.out);
+    TORCH_CHECK(positions[i] >= 0 && positions[i] < cos.size(0), "no RoPE row for position ", positions[i]);
+    TORCH_CHECK(rows[i] >= 0 && rows[i] < n_rows && !seen[rows[i]], "rows must be distinct cache rows");
+    seen[rows[i]] = true;
+    TORCH_CHECK(0 <= firsts[i] && firsts[i] <= slots[i] && slots[i] < cap, "need 0 <= first <= slot < capacity");
+  }
+  const int64_t width = (h_ + 2 * k_) * dh_;
+  x_.resize(n * d_), h_buf_.resize(n * std::max(d_, f_)), qkv_.resize(n * width), att_.resize(n * h_ * dh_);
+  gu_.resize(n * 2 * f_), p_.resize(n * h_ * cap);
+  float *x = x_.data(), *h = h_buf_.data(), *qkv = qkv_.data(), *att = att_.data(), *gu = gu_.data();
+  for (int64_t i = 0; i < n; ++i) embed(tokens[i], x + i * d_);
   for (size_t li = 0; li < layers_.size(); ++li) {
     const Layer& l = layers_[li];
-    rmsnorm(x, l.attn_norm.data_ptr<float>(), d_, l.attn_eps, h);
-    matvec(l.qkv, h, qkv, a8_, a4_);
-    float *q = qkv, *k = qkv + h_ * dh_, *v = k + k_ * dh_;
-    rope(q, h_, dh_, cs, sn);
-    rope(k, k_, dh_, cs, sn);
+    for (int64_t i = 0; i < n; ++i) rmsnorm(x + i * d_, l.attn_norm.data_ptr<float>(), d_, l.attn_eps, h + i * d_);
+    matvec(l.qkv, h, n, qkv, a8_, a4_);
     float *kc = k_caches[li].data_ptr<float>(), *vc = v_caches[li].data_ptr<float>();
-    for (int64_t g = 0; g < k_; ++g) {
-      std::copy(k + g * dh_, k + (g + 1) * dh_, kc + (g * cap + slot) * dh_);
-      std::copy(v + g * dh_, v + (g + 1) * dh_, vc + (g * cap + slot) * dh_);
+    for (int64_t i = 0; i < n; ++i) {
+      float *q = qkv + i * width, *k = q + h_ * dh_, *v = k + k_ * dh_;
+      const float* cs = cos.data_ptr<float>() + positions[i] * dh_;
+      const float* sn = sin.data_ptr<float>() + positions[i] * dh_;
+      rope(q, h_, dh_, cs, sn);
+      rope(k, k_, dh_, cs, sn);
+      for (int64_t g = 0; g < k_; ++g) {
+        const int64_t at_slot = ((rows[i] * k_ + g) * cap + slots[i]) * dh_;
+        std::copy(k + g * dh_, k + (g + 1) * dh_, kc + at_slot);
+        std::copy(v + g * dh_, v + (g + 1) * dh_, vc + at_slot);
+      }
     }
-    attention(q, kc, vc, cap, first, n, att_.data());
-    matvec(l.o, att_.data(), h, a8_, a4_);
-    for (int64_t i = 0; i < d_; ++i) x[i] = x[i] + h[i];
-    rmsnorm(x, l.ffn_norm.data_ptr<float>(), d_, l.ffn_eps, h);
-    matvec(l.gate_up, h, gu_.data(), a8_, a4_);
-    swiglu(gu_.data(), gu_.data() + l.down.in, l.down.in, h);
-    matvec(l.down, h, qkv, a8_, a4_);  // qkv is free again: (H + 2K)·Dh >= D
-    for (int64_t i = 0; i < d_; ++i) x[i] = x[i] + qkv[i];
+    attention(qkv, kc, vc, cap, rows, slots, firsts, att);
+    matvec(l.o, att, n, h, a8_, a4_);
+    for (int64_t j = 0; j < n * d_; ++j) x[j] = x[j] + h[j];
+    for (int64_t i = 0; i < n; ++i) rmsnorm(x + i * d_, l.ffn_norm.data_ptr<float>(), d_, l.ffn_eps, h + i * d_);
+    matvec(l.gate_up, h, n, gu, a8_, a4_);
+    const int64_t f = l.down.in;
+    for (int64_t i = 0; i < n; ++i) swiglu(gu + i * 2 * f, gu + i * 2 * f + f, f, h + i * f);
+    matvec(l.down, h, n, qkv, a8_, a4_);  // qkv is free again: (H + 2K)·Dh >= D
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < d_; ++j) x[i * d_ + j] = x[i * d_ + j] + qkv[i * d_ + j];
   }
-  rmsnorm(x, norm_.data_ptr<float>(), d_, norm_eps_, h);
-  at::Tensor logits = at::empty({head_.out}, at::kFloat);
-  matvec(head_, h, logits.data_ptr<float>(), a8_, a4_);
+  for (int64_t i = 0; i < n; ++i) rmsnorm(x + i * d_, norm_.data_ptr<float>(), d_, norm_eps_, h + i * d_);
+  at::Tensor logits = at::empty({n, head_.out}, at::kFloat);
+  matvec(head_, h, n, logits.data_ptr<float>(), a8_, a4_);
   return logits;
 }
 
 }  // namespace attnlab_decode
 
+// The weight kinds the plan knows, in the order q8_0, q4_0, q4_1, fp32: nn/quant_kernel.py's SCHEME_ID
+// and nn/fused_decode.py's F32 must equal these (tests/nn/test_kernel_ids.py).
+std::vector<int64_t> weight_kinds() {
+  return {attnlab_q8::Q8_0, attnlab_q8::Q4_0, attnlab_q8::Q4_1, attnlab_decode::F32};
+}
+
 TORCH_LIBRARY(attnlab_decode, m) {
+  m.def("weight_kinds", &weight_kinds);
   m.class_<attnlab_decode::DecodePlan>("DecodePlan")
       .def(torch::init<int64_t, int64_t, int64_t, int64_t>())
       .def("add_linear", &attnlab_decode::DecodePlan::add_linear)

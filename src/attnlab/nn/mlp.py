@@ -9,7 +9,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.nn.linear import Linear
-from attnlab.nn.quant_linear import fused_outputs
 
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
@@ -66,8 +65,7 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T, D) -> (B, T, D)."""
-        gate, up = fused_outputs(x, self.gate_proj, self.up_proj)  # one call when quantized and fused
-        return self.down_proj(self.dropout(F.silu(gate) * up))
+        return self.down_proj(self.dropout(F.silu(self.gate_proj(x)) * self.up_proj(x)))
 
 
 def make_ffn(d_model: int, d_ff: int, activation: str, dropout: float = 0.0, bias: bool = True) -> nn.Module:

@@ -6,8 +6,10 @@ A block is 32 consecutive weights of one row with an fp16 scale d (and, for Q4_1
     Q4_0   qs uint8 (O, I/2)      w = (q − 8) · d                q in 0..15, two per byte
     Q4_1   qs uint8 (O, I/2)      w = q · d + m                  q in 0..15, two per byte
 Byte j of a Q4 block holds element j in its low nibble and element j + 16 in its high nibble (ggml's
-`block_q4_0` / `block_q4_1`); the scales are d (O, NB) and m (O, NB), fp16. In a GGUF file each block
-stores d (and m) in front of its qs; `from_gguf_blocks` splits them apart, `to_gguf_blocks` joins them.
+`block_q4_0` / `block_q4_1`); the scales are d (O, NB) and m (O, NB), fp16. This module is the one
+source of these formats: the GGUF reader and writer (interop/gguf_quants.py: ggml's type ids, each
+block's bytes d [m] qs) and the C++ kernels (nn/quant_kernel.h's Scheme enum = quant_kernel.SCHEME_ID,
+tested) read QS_BYTES and SCALES from here.
 Quantizing follows ggml-quants.c `quantize_row_q8_0/q4_0/q4_1_ref` (and gguf-py's gguf.quants, which
 reproduces them bit for bit): Q8_0 d = max|x| / 127, q = round-half-away(x / d); Q4_0 d = x_max / −8
 (x_max the element of largest magnitude), q = min(15, trunc(x / d + 8.5)); Q4_1 d = (max − min) / 15,
@@ -20,13 +22,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 BLOCK = 32                                  # weights per block
 SCHEMES = ("q8_0", "q4_0", "q4_1")          # block types a QuantLinear holds
-GGML_TYPE = {"q8_0": 8, "q4_0": 2, "q4_1": 3}  # ggml type ids (GGMLQuantizationType)
-BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20}  # bytes per block in a GGUF file
+QS_BYTES = {"q8_0": BLOCK, "q4_0": BLOCK // 2, "q4_1": BLOCK // 2}  # bytes of qs per block (8 or 4 bits a weight)
+SCALES = {"q8_0": ("d",), "q4_0": ("d",), "q4_1": ("d", "m")}       # fp16 scales per block, in ggml's order
 
 
 @dataclass
@@ -141,39 +142,3 @@ def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     d = b.abs().amax(dim=-1, keepdim=True) / 127  # (R, NB, 1)
     q = torch.round(b * _inverse(d)).to(torch.int8)
     return q.reshape(r, i), d.reshape(r, -1)
-
-
-def from_gguf_blocks(raw, scheme: str, shape: tuple[int, int]) -> QuantWeight:
-    """Split a GGUF tensor's blocks (d [m] qs, little-endian) into a QuantWeight, copying the bytes.
-
-    Args:
-        raw: numpy or torch bytes of the tensor (any shape, C order). shape: (O, I) outermost first.
-    Raises:
-        ValueError: when the byte count does not match shape and scheme.
-    """
-    rows, cols = shape
-    size = BLOCK_BYTES[scheme]
-    data = raw.reshape(-1).view(torch.uint8) if isinstance(raw, torch.Tensor) else \
-        torch.from_numpy(np.ascontiguousarray(raw).reshape(-1).view(np.uint8).copy())  # (bytes,)
-    nb = cols // BLOCK
-    if cols % BLOCK or data.numel() != rows * nb * size:
-        raise ValueError(f"a {scheme} tensor of shape {shape} needs {rows * nb * size} bytes, got {data.numel()}")
-    blocks = data.reshape(rows, nb, size)
-    d = blocks[..., 0:2].contiguous().view(torch.float16).reshape(rows, nb)
-    if scheme == "q8_0":
-        return QuantWeight(scheme, blocks[..., 2:].contiguous().view(torch.int8).reshape(rows, cols), d)
-    if scheme == "q4_0":
-        return QuantWeight(scheme, blocks[..., 2:].reshape(rows, cols // 2).contiguous(), d)
-    m = blocks[..., 2:4].contiguous().view(torch.float16).reshape(rows, nb)
-    return QuantWeight(scheme, blocks[..., 4:].reshape(rows, cols // 2).contiguous(), d, m)
-
-
-def to_gguf_blocks(qw: QuantWeight) -> torch.Tensor:
-    """The GGUF bytes of a QuantWeight: (O, NB · bytes per block) uint8, each block d [m] qs."""
-    rows, cols = qw.shape
-    nb = cols // BLOCK
-    parts = [qw.d.contiguous().view(torch.uint8).reshape(rows, nb, 2)]
-    if qw.m is not None:
-        parts.append(qw.m.contiguous().view(torch.uint8).reshape(rows, nb, 2))
-    parts.append(qw.qs.contiguous().view(torch.uint8).reshape(rows, nb, -1))
-    return torch.cat(parts, dim=-1).reshape(rows, -1)

@@ -28,11 +28,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from attnlab.nn.quant import BLOCK, QuantWeight, dequantize, quantize_activations
+from attnlab.nn.quant import BLOCK, SCHEMES, QuantWeight, dequantize, quantize_activations
 
 SOURCES = [Path(__file__).with_name(n) for n in ("quant_kernel.cpp", "fused_decode.cpp")]
 HEADERS = [Path(__file__).with_name(n) for n in ("quant_kernel.h", "decode_matvec.h", "decode_ops.h")]
-SCHEME_ID = {"q8_0": 0, "q4_0": 1, "q4_1": 2}
+SCHEME_ID = {s: i for i, s in enumerate(SCHEMES)}  # = quant_kernel.h enum Scheme (tests/nn/test_kernel_ids.py)
 # -ffp-contract=off: a · b + c rounds twice, as PyTorch's separate ops do (explicit FMA intrinsics stay FMA).
 # -fopenmp: at::parallel_for is an inline template that runs serially unless the extension itself is built
 # with OpenMP; linked by soname, it shares torch's libgomp (and its thread count) at run time.

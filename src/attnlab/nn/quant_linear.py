@@ -138,48 +138,7 @@ def quantize_model(model: nn.Module, scheme: str) -> nn.Module:
         if id(w) not in done:
             done[id(w)] = quantize(w, scheme)
         set_quantized(model, name, done[id(w)])
-    return fuse_quantized(model)
-
-
-FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # projections of one input
-
-
-def fuse_quantized(model: nn.Module) -> nn.Module:
-    """Store each module's q/k/v (and gate/up) QuantLinear weights in one buffer per tensor, the
-    members holding row views of it (no copy kept), so that `fused_outputs` computes them in one
-    kernel call: one activation quantization and one pass over the threads instead of three.
-    The outputs are identical (rows are independent). Returns the model (changed in place)."""
-    for module in model.modules():
-        for names in FUSED:
-            layers = [getattr(module, n, None) for n in names]
-            if not all(isinstance(m, QuantLinear) for m in layers) or len({(m.scheme, m.in_features, m.bias is None)
-                                                                           for m in layers}) != 1:
-                continue
-            parts = [m.qweight for m in layers]
-            cat = {k: None if parts[0].m is None and k == "m" else torch.cat([getattr(p, k) for p in parts])
-                   for k in ("qs", "d", "m")}
-            bias = None if layers[0].bias is None else torch.cat([m.bias for m in layers])
-            group = QuantLinear(QuantWeight(parts[0].scheme, cat["qs"], cat["d"], cat["m"]), bias)
-            start = 0
-            for m in layers:
-                rows = m.out_features
-                for k in ("qs", "d", "m"):
-                    if cat[k] is not None:
-                        setattr(m, k, cat[k][start:start + rows])
-                if m.bias is not None:
-                    m.bias = nn.Parameter(group.bias[start:start + rows], requires_grad=False)
-                start += rows
-            # not a registered sub-module: the group's tensors are the members' (no state-dict entry)
-            object.__setattr__(layers[0], "fused_group", (group, tuple(layers)))
     return model
-
-
-def fused_outputs(x: torch.Tensor, *layers: nn.Module) -> tuple[torch.Tensor, ...]:
-    """(layer(x) for layer in layers), in one kernel call when fuse_quantized joined exactly these."""
-    group = getattr(layers[0], "fused_group", None)
-    if group is not None and len(group[1]) == len(layers) and all(a is b for a, b in zip(group[1], layers)):
-        return group[0](x).split([m.out_features for m in layers], dim=-1)
-    return tuple(layer(x) for layer in layers)
 
 
 def quantized_bytes(model: nn.Module) -> int:
