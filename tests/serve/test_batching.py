@@ -12,6 +12,7 @@ import pytest
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
+from attnlab.engines import engine_name  # noqa: E402
 from attnlab.generate import generate  # noqa: E402
 from attnlab.load import load_causal_lm  # noqa: E402
 
@@ -61,6 +62,7 @@ def test_sixteen_greedy_requests_together_equal_each_alone(client, server, tiny_
     assert tokens == sum(kw["max_tokens"] for kw in jobs)
     assert steps < tokens / 3, (steps, tokens)  # decoded together, not one request after another
     lm = load_causal_lm(str(tiny_gguf))
+    assert httpx.get(server.url + "/health").json()["engine"] == engine_name(lm.model)  # fused-cpp where it runs
     for kw, r in zip(jobs[:4], alone):
         new = generate(lm.model, [lm.tokenizer.encode(kw["prompt"])], kw["max_tokens"], temperature=0.0, stop_tokens=[])
         assert r.choices[0].text == lm.tokenizer.decode(new[0])

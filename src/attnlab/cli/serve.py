@@ -11,6 +11,7 @@ import os
 import torch
 
 from attnlab.cli.args import nonnegative_float, positive_int
+from attnlab.engines import ENGINES
 from attnlab.nn.quant_linear import DTYPES
 
 SERVE_EXTRA = ("fastapi", "uvicorn", "prometheus_client", "starlette", "pydantic")
@@ -37,6 +38,7 @@ def cmd_serve(args) -> None:
         torch.set_num_threads(args.threads)
     serve(ServeConfig(model=args.model, dtype=args.dtype, embed_model=args.embed_model, host=args.host,
                       port=args.port, max_batch=args.max_batch, max_queue=args.max_queue, ctx_size=args.ctx_size,
+                      engine=args.engine,
                       api_key=args.api_key or os.environ.get("ATTNLAB_API_KEY") or None,
                       drain_seconds=args.drain_seconds))
 
@@ -54,6 +56,8 @@ def add_serve_parser(sub) -> None:
                    "beyond it 429 with Retry-After (default 64)")
     s.add_argument("--ctx-size", type=positive_int, help="positions per sequence: prompt + completion "
                    "(default: the model's context, at most 2048)")
+    s.add_argument("--engine", choices=ENGINES, default="auto", help="decode engine: auto (the fused C++ step "
+                   "where it runs the model, else the reference), fused-cpp, reference (the model's own forward)")
     s.add_argument("--api-key", help="require `Authorization: Bearer KEY` on /v1 routes (default: "
                    "$ATTNLAB_API_KEY, else no key)")
     s.add_argument("--threads", type=positive_int, help="torch threads (default: torch's, all cores)")

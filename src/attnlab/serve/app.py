@@ -75,7 +75,8 @@ def create_app(state: ServerState) -> FastAPI:
     @app.get("/health")
     async def health():
         waiting, running = state.lm.scheduler.load() if state.lm else (0, 0)
-        body = {"status": "draining" if state.draining else "ok", "waiting": waiting, "running": running}
+        body = {"status": "draining" if state.draining else "ok", "waiting": waiting, "running": running,
+                "engine": state.lm.scheduler.engine.name if state.lm else None}
         return JSONResponse(body, status_code=503 if state.draining else 200)
 
     @app.get("/metrics")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import uvicorn
 
-from attnlab.engines import ReferenceEngine, context_limit
+from attnlab.engines import choose_engine, context_limit
 from attnlab.load import load_causal_lm, load_encoder
 from attnlab.serve.app import ServerState, create_app
 from attnlab.serve.generation import LanguageModel
@@ -39,6 +39,7 @@ class ServeConfig:
     max_batch: int = 16               # sequences decoded together (engine slots)
     max_queue: int = 64               # requests that may wait for a slot (429 beyond)
     ctx_size: int | None = None       # positions per slot (default: the model's context, at most DEFAULT_CTX)
+    engine: str = "auto"              # engines.ENGINES: auto (the fused C++ step where it runs), fused-cpp, reference
     api_key: str | None = None        # required on /v1 routes as `Authorization: Bearer KEY`
     drain_seconds: float = 30.0       # after SIGTERM, how long requests in flight may go on
     max_body: int = 4 << 20           # bytes (413 beyond)
@@ -57,13 +58,14 @@ class ServeConfig:
             raise ValueError("give --model (a language model) or --embed-model (an encoder), or both")
 
 
-def make_engine(model, max_batch: int, ctx_size: int | None):
-    """The decode engine of `model` with max_batch slots of ctx_size positions (default: the model's
-    context, at most DEFAULT_CTX)."""
+def make_engine(model, max_batch: int, ctx_size: int | None, engine: str = "auto"):
+    """The decode engine of `model` (engines.choose_engine: the fused C++ step where it runs, else
+    the reference) with max_batch slots of ctx_size positions (default: the model's context, at
+    most DEFAULT_CTX)."""
     limit = context_limit(model)
     if ctx_size is None:
         ctx_size = DEFAULT_CTX if limit is None else min(limit, DEFAULT_CTX)
-    return ReferenceEngine(model, max_batch, ctx_size)
+    return choose_engine(model, max_batch, ctx_size, engine)
 
 
 def build_state(cfg: ServeConfig) -> ServerState:
@@ -73,7 +75,8 @@ def build_state(cfg: ServeConfig) -> ServerState:
     lm = None
     if cfg.model is not None:
         loaded = load_causal_lm(cfg.model, cfg.dtype)
-        scheduler = Scheduler(make_engine(loaded.model, cfg.max_batch, cfg.ctx_size), cfg.max_queue, metrics)
+        engine = make_engine(loaded.model, cfg.max_batch, cfg.ctx_size, cfg.engine)
+        scheduler = Scheduler(engine, cfg.max_queue, metrics)
         scheduler.start()
         lm = LanguageModel(loaded, scheduler, cfg.model)
     embedder = load_encoder(cfg.embed_model) if cfg.embed_model is not None else None
