@@ -1,6 +1,8 @@
 """Continuous batching through the live server: 16 greedy requests of different lengths, started at
 different times, give exactly the tokens each gives alone (and attnlab.generate gives), while the
-server decodes them together (far fewer decoding steps than tokens); seeded sampling too."""
+server decodes them together (far fewer decoding steps than tokens); seeded sampling too. Both at
+fp32 and with int8 activations (q8_0 weights): the fused engine's rows do not depend on each other,
+bit for bit, so batching changes no token at either precision."""
 from __future__ import annotations
 
 import re
@@ -15,6 +17,7 @@ httpx = pytest.importorskip("httpx")
 from attnlab.engines import engine_name  # noqa: E402
 from attnlab.generate import generate  # noqa: E402
 from attnlab.load import load_causal_lm  # noqa: E402
+from tests.serve.conftest import LiveServer  # noqa: E402
 
 WORDS = "the dog runs in snow a small model liked to talk Paris is capital of France".split()
 
@@ -43,12 +46,26 @@ def run_together(client, model, jobs, stagger):
 
 
 @pytest.fixture(scope="module")
-def client(server):
-    with openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0, timeout=120) as c:
+def q8_server(tiny_gguf):
+    live = LiveServer(str(tiny_gguf), "--dtype", "q8_0", "--max-batch", "16", "--ctx-size", "512")
+    yield live
+    assert live.stop() == 0, live.text_log()
+
+
+@pytest.fixture(scope="module", params=["fp32", "q8_0"])
+def served(request, server):
+    """(dtype, the live server at that precision)."""
+    return request.param, server if request.param == "fp32" else request.getfixturevalue("q8_server")
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    with openai.OpenAI(base_url=served[1].base_url, api_key="x", max_retries=0, timeout=120) as c:
         yield c
 
 
-def test_sixteen_greedy_requests_together_equal_each_alone(client, server, tiny_gguf):
+def test_sixteen_greedy_requests_together_equal_each_alone(client, served, tiny_gguf):
+    dtype, server = served
     jobs = [dict(prompt=p, max_tokens=8 + 5 * (i % 7), temperature=0, extra_body={"ignore_eos": True})
             for i, p in enumerate(prompts())]
     alone = [client.completions.create(model=server.model, **kw) for kw in jobs]
@@ -61,14 +78,15 @@ def test_sixteen_greedy_requests_together_equal_each_alone(client, server, tiny_
     steps = counter(after, "attnlab_decode_steps_total") - counter(before, "attnlab_decode_steps_total")
     assert tokens == sum(kw["max_tokens"] for kw in jobs)
     assert steps < tokens / 3, (steps, tokens)  # decoded together, not one request after another
-    lm = load_causal_lm(str(tiny_gguf))
+    lm = load_causal_lm(str(tiny_gguf), dtype)
     assert httpx.get(server.url + "/health").json()["engine"] == engine_name(lm.model)  # fused-cpp where it runs
     for kw, r in zip(jobs[:4], alone):
         new = generate(lm.model, [lm.tokenizer.encode(kw["prompt"])], kw["max_tokens"], temperature=0.0, stop_tokens=[])
         assert r.choices[0].text == lm.tokenizer.decode(new[0])
 
 
-def test_seeded_samples_are_the_same_alone_and_batched(client, server):
+def test_seeded_samples_are_the_same_alone_and_batched(client, served):
+    server = served[1]
     jobs = [dict(prompt=p, max_tokens=20, temperature=0.8, top_p=0.9, seed=100 + i, extra_body={"ignore_eos": True})
             for i, p in enumerate(prompts(8))]
     alone = [client.completions.create(model=server.model, **kw).choices[0].text for kw in jobs]
