@@ -6,17 +6,37 @@ import subprocess
 import sys
 from pathlib import Path
 
+from attnlab.nn.cpu_tuning import cpu_info
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 
 
-def machine_peaks() -> dict:
+def machine_peaks(threads: int | None = None) -> dict:
     """This machine's measured fp32 matmul GFLOP/s and memory bandwidth (../shared/tools), or {}."""
     tool = SHARED / "tools" / "machine_peaks.py"
     if not tool.is_file():
         return {}
-    out = subprocess.run([sys.executable, str(tool)], capture_output=True, text=True, check=True).stdout
+    extra = [] if threads is None else ["--threads", str(threads)]
+    out = subprocess.run([sys.executable, str(tool), *extra], capture_output=True, text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])
+
+
+def lscpu_model_name() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+    return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), "")
+
+
+def host(threads: int) -> dict:
+    """What every bench JSON records of the machine it ran on: lscpu's model name, the vendor, the
+    flags that matter (avx512_vnni, avx512_bf16, amx), the threads, and the bandwidth (GB/s) and
+    fp32 matmul GFLOP/s measured now with those threads."""
+    info = cpu_info()
+    return {"model_name": lscpu_model_name() or info["model_name"], "vendor": info["vendor"], "flags": info["flags"],
+            "threads": threads, **{k: v for k, v in machine_peaks(threads).items() if k != "threads"}}
 
 
 def save_figure(fig, path: str) -> None:

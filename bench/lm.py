@@ -42,7 +42,7 @@ def mamba_train_flops_per_token(cfg: MambaConfig) -> float:
     in_proj (D → 2·Di), x_proj (Di → R + 2N), dt_proj (R → Di), out_proj (Di → D) and the output
     projection, plus the depthwise convolution (2·Di·K) and the scan's ~6·Di·N (discretise, update,
     read out); linear in the block length, so no term grows with T."""
-    d, di, n, r, k = cfg.d_model, cfg.d_inner, cfg.d_state, cfg.dt_rank, cfg.d_conv
+    d, di, n, r, k = cfg.d_model, cfg.d_inner, cfg.d_state, cfg.delta_rank, cfg.d_conv
     per_layer = 2 * (d * 2 * di + di * (r + 2 * n) + r * di + di * d) + 2 * di * k + 6 * di * n
     return 3 * (cfg.n_layers * per_layer + 2 * d * cfg.vocab_size)
 
@@ -51,8 +51,8 @@ def train_flops_per_token(cfg: GPTConfig, block: int) -> float:
     """Matmul FLOPs of forward + backward (3 × forward) per token: 2 per active weight, plus
     QKᵀ and AV over the block (4·T·D per layer, the full T×T scores that SDPA computes)."""
     d, dh = cfg.d_model, cfg.head_dim
-    attn = d * cfg.n_heads * dh * 2 + d * cfg.n_kv_heads * dh * 2
-    ffn = d * cfg.d_ff * (3 if cfg.activation == "swiglu" else 2)
+    attn = d * cfg.n_heads * dh * 2 + d * cfg.kv_heads * dh * 2
+    ffn = d * cfg.ffn_dim * (3 if cfg.activation == "swiglu" else 2)
     if cfg.n_experts:
         ffn = ffn * cfg.moe_top_k + d * cfg.n_experts
     per_layer = 2 * (attn + ffn) + 4 * block * d

@@ -30,7 +30,7 @@ from attnlab.tokenizers import ByteLevelBPE
 def forward_flops(cfg: Seq2SeqConfig, b: int, s: int, t: int, n_labels: int) -> float:
     """Matmul FLOPs of one teacher-forced forward pass on a (B, S) source and (B, T) target batch,
     with the output projection on the n_labels real target positions (as the training loss does)."""
-    d, f = cfg.d_model, cfg.d_ff
+    d, f = cfg.d_model, cfg.ffn_dim
     enc = cfg.n_encoder_layers * (2 * b * s * (4 * d * d + 2 * d * f) + 4 * b * s * s * d)
     dec = cfg.n_decoder_layers * (2 * b * t * (4 * d * d + 2 * d * d + 2 * d * f) + 2 * b * s * 2 * d * d
                                   + 4 * b * t * t * d + 4 * b * t * s * d)

@@ -4,7 +4,8 @@ import torch
 from attnlab.chat import Chat, render_chat
 from attnlab.models.gpt import GPTConfig
 from attnlab.models.gpt import GPT
-from attnlab.load import Loaded
+from attnlab.load import LoadedModel
+from attnlab.tasks.registry import get_task
 from attnlab.tokenizers import ByteLevelBPE
 
 SIMPLE = ("{% for m in messages %}{% if m['role'] == 'tool' %}{{ raise_exception('no tools') }}{% endif %}"
@@ -46,7 +47,7 @@ def tiny_chat_model(eos_text: str = "\n"):
     torch.manual_seed(0)
     cfg = GPTConfig.from_name("llama", vocab_size=tok.vocab_size, d_model=32, n_heads=4, n_layers=2, max_seq_len=256,
                               eos_id=tok.encode(eos_text)[0])
-    return Loaded(GPT(cfg).eval(), tok, "gpt", None, SIMPLE)
+    return LoadedModel(GPT(cfg).eval(), tok, get_task("gpt"), None, chat_template=SIMPLE)
 
 
 def test_chat_keeps_the_conversation_streams_and_resets():

@@ -1,11 +1,16 @@
 """config.py: a config read from a dict (a run's config.json) checks each value's type and
 finiteness by field name (issue 13, cases 7 and 8)."""
+import dataclasses
 from dataclasses import dataclass
 from typing import Literal, Optional, Union
 
 import pytest
 
 from attnlab.config import Config, parse_value
+from attnlab.models.gpt import GPTConfig
+from attnlab.models.mamba import MambaConfig
+from attnlab.models.seq2seq import Seq2SeqConfig
+from attnlab.recipes import get_recipe
 
 
 @dataclass
@@ -45,3 +50,24 @@ def test_from_dict_takes_values_of_the_right_type():
 def test_set_refuses_non_finite_numbers(text):
     with pytest.raises(ValueError, match="rate must be a finite number"):
         parse_value(Example, "rate", text)
+
+
+def test_derived_sizes_follow_the_settings_they_derive_from():
+    """Regression: n_kv_heads, d_ff and dt_rank were written into the config when derived, so an
+    override of d_model (--set d_model=..., dataclasses.replace) kept the old width's FFN size."""
+    cfg = GPTConfig(vocab_size=16, d_model=64, n_heads=4, n_layers=1)
+    assert (cfg.n_kv_heads, cfg.d_ff, cfg.kv_heads, cfg.ffn_dim) == (None, None, 4, 256)
+    wider = dataclasses.replace(cfg, d_model=128, n_heads=8)
+    assert (wider.kv_heads, wider.ffn_dim) == (8, 512)
+    assert GPTConfig.from_dict(cfg.to_dict()) == cfg and cfg.to_dict()["d_ff"] is None
+    assert dataclasses.replace(cfg, activation="swiglu").ffn_dim == 192  # 8/3 · 64, rounded up to 32
+    recipe = get_recipe("shakespeare-char").with_overrides(["d_model=256"])
+    assert recipe.model.ffn_dim == 4 * 256 and recipe.model.kv_heads == recipe.model.n_heads
+    mamba = MambaConfig(vocab_size=16, d_model=64, n_layers=1)
+    assert (mamba.dt_rank, mamba.delta_rank, dataclasses.replace(mamba, d_model=160).delta_rank) == ("auto", 4, 10)
+    assert Seq2SeqConfig(d_model=32, n_heads=4).ffn_dim == 128
+    # an older config.json wrote the derived values: they read as explicit settings, the same sizes
+    old = GPTConfig.from_dict({**cfg.to_dict(), "n_kv_heads": 4, "d_ff": 256})
+    assert (old.kv_heads, old.ffn_dim) == (4, 256)
+    with pytest.raises(ValueError, match="n_kv_heads must be a divisor of n_heads=4, got 3"):
+        GPTConfig(vocab_size=16, d_model=64, n_heads=4, n_kv_heads=3)

@@ -199,7 +199,7 @@ def test_case7_a_non_finite_update_stops_before_anything_is_written(reference, t
     out, step = tmp_path / "run", Trainer._train_step
 
     def poisoned(self, batch):
-        if self.state["step"] == 12:  # the update of step 13 overflows
+        if self.state.step == 12:  # the update of step 13 overflows
             original_step = self.optimizer.step
             self.optimizer.step = lambda: (original_step(), self.model.embed_tokens.weight.data.fill_(float("inf")))
         return step(self, batch)
@@ -333,7 +333,7 @@ def test_case10_a_stop_signal_checkpoints_the_step_and_resumes(reference, tmp_pa
 
     def signal_at_step_3(self, batch):
         result = step(self, batch)
-        if self.state["step"] == 3:
+        if self.state.step == 3:
             os.kill(os.getpid(), signum)  # as if sent by a scheduler (or Ctrl-C) during step 3
         return result
 

@@ -8,6 +8,7 @@ from datetime import datetime
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from attnlab.errors import UserError
 from attnlab.generate import generate
 from attnlab.textstream import TextStream
 
@@ -26,7 +27,7 @@ def render_chat(template: str, messages: list[dict], add_generation_prompt: bool
         ValueError: when the template raises (e.g. roles out of order) or does not parse.
     """
     def raise_exception(message):
-        raise ValueError(f"chat template: {message}")
+        raise UserError(f"chat template: {message}")
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False: json.dumps(x, indent=indent,
@@ -37,7 +38,7 @@ def render_chat(template: str, messages: list[dict], add_generation_prompt: bool
         return env.from_string(template).render(messages=messages, add_generation_prompt=add_generation_prompt,
                                                 bos_token=bos_token, eos_token=eos_token)
     except jinja2.TemplateError as e:
-        raise ValueError(f"chat template does not render: {e}") from None
+        raise UserError(f"chat template does not render: {e}") from None
 
 
 END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end|>", "</s>", "<|endoftext|>")
@@ -76,7 +77,7 @@ def chat_prompt(loaded, messages: list[dict]) -> list[int]:
 
 
 class Chat:
-    """A multi-turn conversation with a causal LM (load.Loaded with a chat template).
+    """A multi-turn conversation with a causal LM (a tasks.LoadedModel with a chat template).
 
     Args:
         loaded: the model. system: an optional system message. generation: keyword arguments of
@@ -87,7 +88,7 @@ class Chat:
 
     def __init__(self, loaded, system: str | None = None, **generation):
         if not loaded.chat_template:
-            raise ValueError(f"{loaded.source} has no chat template; use `attnlab generate` for plain text")
+            raise UserError(f"{loaded.path} has no chat template; use `attnlab generate` for plain text")
         self.loaded, self.system, self.generation = loaded, system, generation
         self.reset()
 
@@ -102,7 +103,7 @@ class Chat:
         """Add a user turn, generate the assistant's reply (calling on_text(piece) as it streams), keep
         both in the conversation and return the reply."""
         if not text.strip():
-            raise ValueError("empty message")
+            raise UserError("empty message")
         self.messages.append({"role": "user", "content": text})
         ids = chat_prompt(self.loaded, self.messages)
         stream = TextStream(self.loaded.tokenizer, on_text or (lambda piece: None))

@@ -13,10 +13,12 @@ import typing
 from dataclasses import fields
 from typing import Literal
 
+from attnlab.errors import UserError
+
 
 def check(cond: bool, field: str, allowed: str, value) -> None:
     if not cond:
-        raise ValueError(f"{field} must be {allowed}, got {value!r}")
+        raise UserError(f"{field} must be {allowed}, got {value!r}")
 
 
 def check_finite(obj) -> None:
@@ -75,12 +77,12 @@ class Config:
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - names)
         if unknown:
-            raise ValueError(f"unknown {cls.__name__} field(s) {unknown}; known: {sorted(names)}")
+            raise UserError(f"unknown {cls.__name__} field(s) {unknown}; known: {sorted(names)}")
         hints = typing.get_type_hints(cls)
         for name, value in d.items():
             problem = _type_error(name, hints[name], value)
             if problem:
-                raise ValueError(problem)
+                raise UserError(problem)
         float_fields = {n for n, h in hints.items() if h is float or h == typing.Optional[float]}
         return cls(**{k: float(v) if k in float_fields and isinstance(v, int) else v for k, v in d.items()})
 
@@ -113,7 +115,7 @@ def parse_value(cls, name: str, text: str):
             return text.lower() in ("true", "1")
         value = base(text)
     except ValueError:
-        raise ValueError(f"{name} must be {getattr(base, '__name__', base)}, got {text!r}") from None
+        raise UserError(f"{name} must be {getattr(base, '__name__', base)}, got {text!r}") from None
     if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {text!r}")
+        raise UserError(f"{name} must be a finite number, got {text!r}")
     return value

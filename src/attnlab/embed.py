@@ -8,7 +8,9 @@ import logging
 
 import torch
 
+from attnlab.errors import UserError
 from attnlab.models.bert import mean_pool
+from attnlab.tasks.kinds import Kind
 
 log = logging.getLogger("attnlab")
 
@@ -19,18 +21,17 @@ def embed(loaded, texts: list[str], batch_size: int = 32) -> torch.Tensor:
     all-MiniLM-L6-v2 (its model card: mean pooling, then normalisation).
 
     Args:
-        loaded: load.Loaded of an encoder (model_type "bert"). texts: sentences; one longer than the model's
+        loaded: a tasks.LoadedModel of an encoder (Kind.ENCODER: BERT). texts: sentences; one longer than the model's
             max_seq_len tokens is truncated with a warning.
     Returns:
         (B, D) float32, each row of unit norm.
     Raises:
-        ValueError: for an empty list or a model that is not an encoder.
+        UserError: for an empty list or a model that is not an encoder.
     """
-    if loaded.model_type != "bert":
-        raise ValueError(f"{loaded.source} is a {loaded.model_type} model; embed needs an encoder "
-                         f"(e.g. all-minilm-l6-v2)")
+    if loaded.kind is not Kind.ENCODER:
+        raise UserError(f"{loaded.path} is {loaded.task.described}; embed needs an encoder (e.g. all-minilm-l6-v2)")
     if not texts:
-        raise ValueError("no text to embed")
+        raise UserError("no text to embed")
     out = []
     for start in range(0, len(texts), batch_size):
         chunk = texts[start:start + batch_size]

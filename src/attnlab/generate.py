@@ -14,6 +14,7 @@ import torch
 
 from attnlab import sampling
 from attnlab.engines import choose_engine, context_limit
+from attnlab.errors import UserError
 from attnlab.models.seq2seq import Seq2SeqTransformer
 
 
@@ -126,9 +127,9 @@ def beam_search(model: Seq2SeqTransformer, src: torch.Tensor, beam_size: int = 4
         the stopping bounds of Hugging Face's BeamSearchScorer (early_stopping "never" / False).
     """
     if beam_size < 1:
-        raise ValueError(f"beam_size must be >= 1, got {beam_size}")
+        raise UserError(f"beam_size must be >= 1, got {beam_size}")
     if early_stopping not in EARLY_STOPPING:
-        raise ValueError(f"early_stopping must be 'exact' or 'heuristic', got {early_stopping!r}")
+        raise UserError(f"early_stopping must be 'exact' or 'heuristic', got {early_stopping!r}")
     cfg, k, b = model.cfg, beam_size, src.size(0)
     n_new = _max_new_tokens(model, src, max_new_tokens)
     memory, src_mask = model.encode(src)
@@ -215,9 +216,9 @@ def check_context(model, prompt_len: int, max_new_tokens: int) -> None:
     """Raise ValueError for an empty prompt (prompt_len < 1) or max_new_tokens < 1. No length is too
     long: past the model's context, generate() slides its window (context_window)."""
     if prompt_len < 1:
-        raise ValueError("every prompt needs at least one token (an empty prompt has nothing to continue)")
+        raise UserError("every prompt needs at least one token (an empty prompt has nothing to continue)")
     if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        raise UserError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
 
 
 def _window_logits(model, sequences: list[list[int]], window: int | None, device) -> torch.Tensor:
@@ -269,7 +270,7 @@ def generate(model, prompts: list[list[int]], max_new_tokens: int = 128, tempera
         we must crop it at block_size"), used by its sample.py.
     """
     if not prompts:
-        raise ValueError("every prompt needs at least one token (an empty prompt has nothing to continue)")
+        raise UserError("every prompt needs at least one token (an empty prompt has nothing to continue)")
     check_context(model, min(len(p) for p in prompts), max_new_tokens)
     sampling.check_sampling(temperature, top_k, top_p)
     stop = set(stop_tokens if stop_tokens is not None else [t for t in [model.cfg.eos_id] if t is not None])

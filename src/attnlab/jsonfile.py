@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from attnlab.errors import UserError
 from attnlab.files import atomic_write
 
 
@@ -20,9 +21,9 @@ def read_json(path: str | Path) -> dict:
     try:
         obj = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} is not valid JSON ({e})") from None
+        raise UserError(f"{path} is not valid JSON ({e})") from None
     if not isinstance(obj, dict):
-        raise ValueError(f"{path} must hold a JSON object, found {type(obj).__name__}")
+        raise UserError(f"{path} must hold a JSON object, found {type(obj).__name__}")
     return obj
 
 

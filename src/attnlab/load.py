@@ -1,140 +1,84 @@
 """Load any model attnlab runs, by name or path: a named pretrained model, a .gguf file, a Hugging
-Face model directory, or one of our run directories (through the task registry).
+Face model directory, or one of our run directories.
 
-Loaded carries what running a model needs beside the model (tokenizer, chat template, special
-tokens); `model_type` is the one vocabulary of kinds (the task registry's: "gpt", "bert", ...).
+Every load gives a tasks.LoadedModel (the model, what running it needs, and its family's task);
+which family reads a path, and what it can do, the task registry says (tasks/registry.py).
 """
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
-from pathlib import Path
-
-from attnlab.interop.gguf import load_gguf
-from attnlab.interop.hf import load_hf
-from attnlab.interop.hf_bert import load_hf_bert
-from attnlab.interop.hf_mamba import load_mamba_hf
-from attnlab.jsonfile import read_json
+from attnlab.errors import UserError
 from attnlab.nn.quant import SCHEMES
 from attnlab.nn.quant_linear import check_dtype, set_dtype
 from attnlab.pretrained import resolve
-from attnlab.tasks.registry import load_run
-from attnlab.tokenizers import ByteLevelBPE
+from attnlab.tasks.kinds import Kind
+from attnlab.tasks.loaded import LoadedModel
+from attnlab.tasks.registry import task_of_path
 from attnlab.train.run_dir import is_run_dir
 
-CAUSAL = ("gpt", "mamba")  # model types that continue a prompt (generate, chat)
-ENCODERS = ("bert",)   # model types that embed text
+__all__ = ["LoadedModel", "load_model", "load_causal_lm", "load_encoder", "require_kind"]
 
 
-@dataclass
-class Loaded:
-    """A loaded model with what running it needs."""
+def require_kind(loaded: LoadedModel, kind: Kind, what: str) -> LoadedModel:
+    """`loaded` itself when it is of `kind`.
 
-    model: object                       # e.g. models.gpt.GPT or models.bert.Bert, in eval mode
-    tokenizer: object                   # ByteLevelBPE (decoders) or tokenizers.Tokenizer (BERT WordPiece)
-    model_type: str                     # the task registry's key: "gpt", "bert", ...
-    source: Path                        # the file or directory it came from
-    chat_template: str | None = None    # Jinja chat template, when the checkpoint has one
-    special: dict = field(default_factory=dict)  # e.g. {"bos": "<|im_start|>", "eos": ...}
-    max_seq_len: int | None = None      # the longest input the pooling config allows (encoders)
-
-
-def _model_dir(path: Path) -> dict:
-    """config.json of a model directory."""
-    if not path.is_dir():
-        raise ValueError(f"{path} is not a model directory")
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{path} has no config.json")
-    return read_json(path / "config.json")
-
-
-def _special_strings(tokenizer, cfg) -> dict:
-    """{"bos": text, "eos": text} of the model's special ids, for chat templates."""
-    out = {}
-    for key, token_id in (("bos", cfg.bos_id), ("eos", cfg.eos_id)):
-        if token_id is not None:
-            try:
-                out[key] = tokenizer.id_to_token(token_id)
-            except KeyError:
-                pass
-    return out
-
-
-def _check_kind(loaded: Loaded, wanted: tuple[str, ...], what: str) -> Loaded:
-    if loaded.model_type not in wanted:
-        raise ValueError(f"{loaded.source} is a {loaded.model_type} model; {what} needs a {' or '.join(wanted)} model")
+    Raises:
+        UserError: naming the model, its kind and what `what` (e.g. "text generation") needs.
+    """
+    if loaded.kind is not kind:
+        raise UserError(f"{loaded.path} is {loaded.task.described}; {what} needs {kind.described}")
     return loaded
 
 
-def _at_dtype(loaded: Loaded, dtype: str) -> Loaded:
+def at_dtype(loaded: LoadedModel, dtype: str) -> LoadedModel:
     """Convert a loaded fp32 model to `dtype` (nn.quant_linear.set_dtype); block quantization is
-    for GPT-family models only."""
-    if dtype in SCHEMES and loaded.model_type != "gpt":
-        raise ValueError(f"--dtype {dtype} (quantized weights) is implemented for GPT-family models; "
-                         f"{loaded.source} is a {loaded.model_type} model (use fp32 or bf16)")
+    for the families that can be quantized (Task.quantizable).
+
+    Raises:
+        UserError: a block quantization for a family that has none.
+    """
+    if dtype in SCHEMES and not loaded.task.quantizable:
+        raise UserError(f"dtype={dtype!r} (quantized weights) is not implemented for {loaded.task.described}; "
+                        f"{loaded.path} runs at fp32 or bf16", param="dtype")
     set_dtype(loaded.model, dtype)
     return loaded
 
 
-def load_model(name_or_path: str, dtype: str = "auto") -> Loaded:
+def load_model(name_or_path: str, dtype: str = "auto") -> LoadedModel:
     """Any model: a name (smollm2-135m, all-minilm-l6-v2), a GGUF file, a HF model directory
     (config.json + safetensors + tokenizer.json: llama, mistral, qwen2, mixtral, gpt2, mamba, bert) or one
     of our run directories, at `dtype` (nn.quant_linear.DTYPES): "auto" = as stored (a GGUF file's
     Q8_0 / Q4_0 / Q4_1 matrices stay quantized; everything else fp32), "fp32" (GGUF dequantized: the
-    reference), "bf16", or a block quantization "q8_0" / "q4_0" / "q4_1" (GPT-family models).
+    reference), "bf16", or a block quantization "q8_0" / "q4_0" / "q4_1" (quantizable families).
 
     Raises:
-        FileNotFoundError, ValueError: naming what is missing or unsupported (a dtype we do not
+        FileNotFoundError, UserError: naming what is missing or unsupported (a dtype we do not
             implement is named with the supported ones).
     """
     check_dtype(dtype)
     path = resolve(name_or_path)
+    task = task_of_path(path)
     if path.is_file():
-        model, tokenizer, metadata = load_gguf(path, dtype)
-        return Loaded(model, tokenizer, "gpt", path, metadata.get("tokenizer.chat_template"),
-                      _special_strings(tokenizer, model.cfg))
-    return _at_dtype(_load_directory(path), dtype)
+        return task.load_gguf(path, dtype)
+    return at_dtype(task.load(path) if is_run_dir(path) else task.load_hf(path), dtype)
 
 
-def _load_directory(path: Path) -> Loaded:
-    """A run directory or a HF model directory, fp32."""
-    config = _model_dir(path)
-    if is_run_dir(path):
-        run = load_run(path)
-        special = _special_strings(run.tokenizer, run.model.cfg) if run.model_type in CAUSAL else {}
-        return Loaded(run.model, run.tokenizer, run.model_type, path, None, special,
-                      max_seq_len=getattr(run.model.cfg, "max_seq_len", None))
-    if config.get("model_type") == "bert":
-        model, tokenizer, _, limit = load_hf_bert(str(path))
-        return Loaded(model, tokenizer, "bert", path, max_seq_len=limit)
-    model_type = "mamba" if config.get("model_type") == "mamba" else "gpt"
-    model, _ = load_mamba_hf(path) if model_type == "mamba" else load_hf(path)
-    if not (path / "tokenizer.json").is_file():
-        raise FileNotFoundError(f"{path} has no tokenizer.json")
-    tokenizer = ByteLevelBPE.load(path / "tokenizer.json")
-    template = None
-    if (path / "tokenizer_config.json").is_file():
-        template = json.loads((path / "tokenizer_config.json").read_text()).get("chat_template")
-    return Loaded(model.eval(), tokenizer, model_type, path, template, _special_strings(tokenizer, model.cfg))
-
-
-def load_causal_lm(name_or_path: str, dtype: str = "auto") -> Loaded:
-    """A decoder-only language model (load_model at `dtype`, then checked to continue text).
+def load_causal_lm(name_or_path: str, dtype: str = "auto") -> LoadedModel:
+    """A model that continues text (load_model at `dtype`, then checked to be a causal LM).
 
     Raises:
-        FileNotFoundError, ValueError: naming what is missing, unsupported or of another kind.
+        FileNotFoundError, UserError: naming what is missing, unsupported or of another kind.
     """
-    return _check_kind(load_model(name_or_path, dtype), CAUSAL, "text generation")
+    return require_kind(load_model(name_or_path, dtype), Kind.CAUSAL_LM, "text generation")
 
 
-def load_encoder(name_or_path: str) -> Loaded:
-    """A BERT encoder: all-minilm-l6-v2, a HF BERT directory or one of our BERT runs.
+def load_encoder(name_or_path: str) -> LoadedModel:
+    """An encoder that embeds text: all-minilm-l6-v2, a HF BERT directory or one of our BERT runs.
 
     Raises:
-        FileNotFoundError, ValueError: naming what is missing, unsupported or of another kind.
+        FileNotFoundError, UserError: naming what is missing, unsupported or of another kind.
     """
     path = resolve(name_or_path)
     if path.is_file():
-        raise ValueError(f"{name_or_path} is a single-file (GGUF) language model; this needs a BERT encoder "
-                         f"directory such as all-minilm-l6-v2")
-    return _check_kind(load_model(name_or_path), ENCODERS, "an encoder")
+        raise UserError(f"{name_or_path} is a single-file (GGUF) language model; this needs a BERT encoder "
+                        f"directory such as all-minilm-l6-v2")
+    return require_kind(load_model(name_or_path), Kind.ENCODER, "embedding text")

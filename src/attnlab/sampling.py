@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import torch
 
+from attnlab.errors import UserError
+
 
 def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
     """Raise ValueError naming the argument when temperature < 0, top_k < 1 or top_p outside (0, 1]."""
     if not temperature >= 0:  # also catches NaN
-        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+        raise UserError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
     if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k must be >= 1, got {top_k}")
+        raise UserError(f"top_k must be >= 1, got {top_k}")
     if top_p is not None and not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        raise UserError(f"top_p must be in (0, 1], got {top_p}")
 
 
 def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:

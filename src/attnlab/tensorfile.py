@@ -21,6 +21,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save as to_bytes
 
+from attnlab.errors import NonFiniteError, UserError
 from attnlab.files import atomic_write, crash_point
 
 CHECKSUM_KEY = "attnlab.sha256"
@@ -51,8 +52,8 @@ def check_finite(tensors: Mapping[str, torch.Tensor], where: str | Path) -> None
     for name, t in tensors.items():
         if not is_finite(t):
             bad = int((~torch.isfinite(t)).sum())
-            raise FloatingPointError(f"refusing to write {where}: tensor {name!r} holds {bad} non-finite values "
-                                     f"(NaN or inf); nothing was written")
+            raise NonFiniteError(f"refusing to write {where}: tensor {name!r} holds {bad} non-finite values "
+                                 f"(NaN or inf); nothing was written")
 
 
 def encode(tensors: Mapping[str, torch.Tensor], where: str | Path, metadata: dict | None = None) -> bytes:
@@ -129,7 +130,7 @@ def _open(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
         with safe_open(str(path), framework="pt") as f:
             return {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})
     except Exception as e:  # safetensors raises its own error types for a bad header or a short file
-        raise ValueError(f"{path} is not a readable safetensors file ({e})") from None
+        raise UserError(f"{path} is not a readable safetensors file ({e})") from None
 
 
 def read_tensors(path: str | Path, expected: Expected | None = None,
@@ -150,22 +151,22 @@ def read_tensors(path: str | Path, expected: Expected | None = None,
     tensors, metadata = _open(path)
     stored = metadata.get(CHECKSUM_KEY)
     if stored is not None and stored != tensor_digest(tensors):
-        raise ValueError(f"{path} is damaged: its tensor data does not match the checksum in its header")
+        raise UserError(f"{path} is damaged: its tensor data does not match the checksum in its header")
     if expected is not None:
         missing = sorted(set(expected) - set(tensors) - set(optional))
         unexpected = sorted(set(tensors) - set(expected))
         if missing or unexpected:
-            raise ValueError(f"{path}: missing tensors {missing[:5]}, unexpected tensors {unexpected[:5]}")
+            raise UserError(f"{path}: missing tensors {missing[:5]}, unexpected tensors {unexpected[:5]}")
         for name, t in tensors.items():
             shape, dtype = expected[name]
             if tuple(t.shape) != tuple(shape):
-                raise ValueError(f"{path}: tensor {name!r} has shape {tuple(t.shape)}, expected {tuple(shape)}")
+                raise UserError(f"{path}: tensor {name!r} has shape {tuple(t.shape)}, expected {tuple(shape)}")
             if t.dtype != dtype:
-                raise ValueError(f"{path}: tensor {name!r} is {_dtype(t)}, expected {_dtype(dtype)}")
+                raise UserError(f"{path}: tensor {name!r} is {_dtype(t)}, expected {_dtype(dtype)}")
     for name, t in tensors.items():
         if not is_finite(t):
-            raise ValueError(f"{path}: tensor {name!r} holds {int((~torch.isfinite(t)).sum())} non-finite values "
-                             f"(NaN or inf); the file is damaged")
+            raise UserError(f"{path}: tensor {name!r} holds {int((~torch.isfinite(t)).sum())} non-finite values "
+                            f"(NaN or inf); the file is damaged")
     return tensors
 
 
@@ -183,18 +184,18 @@ def load_model_weights(model: torch.nn.Module, path: str | Path) -> None:
     for name, t in tensors.items():
         own = state.get(name)
         if own is not None and tuple(t.shape) != tuple(own.shape):
-            raise ValueError(f"{path} does not match the model's config: tensor {name!r} has shape "
-                             f"{tuple(t.shape)}, the model's is {tuple(own.shape)}")
+            raise UserError(f"{path} does not match the model's config: tensor {name!r} has shape "
+                            f"{tuple(t.shape)}, the model's is {tuple(own.shape)}")
         if (own is not None and t.dtype != own.dtype) or (own is None and t.is_floating_point()
                                                            and t.dtype not in float_dtypes):
-            raise ValueError(f"{path}: tensor {name!r} is {_dtype(t)}, the model's weights are "
-                             f"{_dtype(own if own is not None else next(iter(float_dtypes)))}")
+            raise UserError(f"{path}: tensor {name!r} is {_dtype(t)}, the model's weights are "
+                            f"{_dtype(own if own is not None else next(iter(float_dtypes)))}")
     try:
         missing, unexpected = model.load_state_dict(tensors, strict=False)
     except RuntimeError as e:  # a shape mismatch under a name the model's load hooks renamed
-        raise ValueError(f"{path} does not match the model's config: {' '.join(str(e).split())[:300]}") from None
+        raise UserError(f"{path} does not match the model's config: {' '.join(str(e).split())[:300]}") from None
     loaded = set(state) - set(missing)
     covered = {n for group in tied_groups(state) if loaded & set(group) for n in group}
     missing = sorted(set(missing) - covered)
     if missing or unexpected:
-        raise ValueError(f"{path}: missing tensors {missing[:5]}, unexpected tensors {sorted(unexpected)[:5]}")
+        raise UserError(f"{path}: missing tensors {missing[:5]}, unexpected tensors {sorted(unexpected)[:5]}")

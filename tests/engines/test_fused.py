@@ -163,7 +163,7 @@ def test_the_rule_names_why_the_fused_engine_does_not_apply(case, reason):
     assert reason in FusedEngine.unsupported(model)
     assert engine_name(model) == engine_name(model) == "reference"  # the same choice at every call
     assert choose_engine(model, 2, 16).name == "reference"
-    with pytest.raises(ValueError, match=f"fused-cpp engine does not run this model: .*{reason}"):
+    with pytest.raises(ValueError, match=f"engine='fused-cpp' does not run this model: .*{reason}"):
         choose_engine(model, 2, 16, "fused-cpp")
     model.eval()
     assert generate(model, [[1, 2, 3], [4]], 6, stop_tokens=[]) == \
@@ -176,7 +176,7 @@ def test_the_rule_picks_the_fused_engine_for_llama_style_models():
         assert FusedEngine.unsupported(model) is None
         assert engine_name(model) == engine_name(model) == "fused-cpp"
         assert isinstance(choose_engine(model, 2, 16), FusedEngine)
-    with pytest.raises(ValueError, match="engine 'fast' is not one of auto, fused-cpp, reference"):
+    with pytest.raises(ValueError, match="engine='fast' is not one of auto, fused-cpp, reference"):
         engine_name(tiny(), "fast")
 
 

@@ -56,8 +56,8 @@ def write_gguf(path, model: GPT, qtype=Q.F32, arch="llama", extra=None, drop=(),
     cfg, sd = model.cfg, model.state_dict()
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(cfg.n_layers), w.add_context_length(cfg.max_seq_len)
-    w.add_embedding_length(cfg.d_model), w.add_feed_forward_length(cfg.d_ff)
-    w.add_head_count(cfg.n_heads), w.add_head_count_kv(cfg.n_kv_heads)
+    w.add_embedding_length(cfg.d_model), w.add_feed_forward_length(cfg.ffn_dim)
+    w.add_head_count(cfg.n_heads), w.add_head_count_kv(cfg.kv_heads)
     w.add_layer_norm_rms_eps(cfg.norm_eps), w.add_rope_freq_base(cfg.rope_theta)
     w.add_rope_dimension_count(cfg.head_dim)
     w.add_tokenizer_model("gpt2"), w.add_tokenizer_pre("gpt-2"), w.add_token_list(TOKENS)
@@ -76,7 +76,7 @@ def write_gguf(path, model: GPT, qtype=Q.F32, arch="llama", extra=None, drop=(),
             continue
         arr = (replace or {}).get(name, sd[ours].numpy())
         if ".attn_q." in name or ".attn_k." in name:
-            arr = llama_cpp_permute(arr, cfg.n_heads if ".attn_q." in name else cfg.n_kv_heads)
+            arr = llama_cpp_permute(arr, cfg.n_heads if ".attn_q." in name else cfg.kv_heads)
         kind = (types or {}).get(name, qtype if arr.ndim == 2 else Q.F32)
         if name in (blocks or {}):
             raw, kind = blocks[name]

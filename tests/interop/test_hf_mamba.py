@@ -115,7 +115,7 @@ def test_options_that_do_not_change_the_computation_are_accepted():
     hf = {**SIZES, "model_type": "mamba", "use_mambapy": True, "use_associative_scan": False,
           "rescale_prenorm_residual": True, "residual_in_fp32": False, "eos_token_id": [2, 3]}
     cfg = mamba_config_from_hf(hf)
-    assert cfg.rescale_prenorm_residual and not cfg.residual_in_fp32 and cfg.eos_id == 2 and cfg.dt_rank == 2
+    assert cfg.rescale_prenorm_residual and not cfg.residual_in_fp32 and cfg.eos_id == 2 and cfg.delta_rank == 2
 
 
 def test_mismatched_tensors_are_listed(tmp_path):

@@ -247,7 +247,7 @@ def test_odd_head_dim_with_rope_and_presets():
     assert GPTConfig.from_name("mistral", max_seq_len=64).sliding_window == 32
     mixtral = GPTConfig.from_name("mixtral")
     assert (mixtral.n_experts, mixtral.moe_top_k, mixtral.sliding_window) == (8, 2, 512)
-    assert GPTConfig.from_name("gpt2").n_kv_heads == 12
+    assert GPTConfig.from_name("gpt2").kv_heads == 12
 
 
 @pytest.mark.parametrize("positions", ["learned", "sinusoidal"])

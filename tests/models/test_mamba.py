@@ -139,12 +139,12 @@ def test_initialisation_follows_the_reference():
     cfg = tiny(d_model=64, dt_min=0.01, dt_max=0.05)
     torch.manual_seed(0)
     block = Mamba(cfg).layers[0].mixer
-    assert cfg.dt_rank == 4 and cfg.d_inner == 128
+    assert cfg.delta_rank == 4 and cfg.d_inner == 128
     torch.testing.assert_close(block.A_log.exp(), torch.arange(1, 9.0).expand(128, 8))
     assert torch.equal(block.D.data, torch.ones(128))
     dt = torch.nn.functional.softplus(block.dt_proj.bias)
     assert dt.min() >= 0.01 - 1e-6 and dt.max() <= 0.05 + 1e-6
-    assert block.dt_proj.weight.abs().max() <= cfg.dt_rank ** -0.5
+    assert block.dt_proj.weight.abs().max() <= cfg.delta_rank ** -0.5
     bound = (1 / 128) ** 0.5 / cfg.n_layers ** 0.5  # Kaiming-uniform bound 1/√fan_in, over √n_layers
     assert block.out_proj.weight.abs().max() <= bound + 1e-7
 
@@ -163,4 +163,4 @@ def test_bad_config_values_name_the_field(field, value):
 def test_config_round_trips_through_json():
     cfg = tiny(dt_rank=3, bias=True)
     assert MambaConfig.from_dict(cfg.to_dict()) == cfg
-    assert tiny().dt_rank == 2  # "auto" = ceil(32 / 16)
+    assert tiny().delta_rank == 2 and tiny().dt_rank == "auto"  # "auto" = ceil(32 / 16)

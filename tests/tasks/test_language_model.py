@@ -81,7 +81,7 @@ def test_grad_accum_of_half_batches_equals_one_full_batch(tmp_path):
     loss_acc, n_acc = accum._train_step([offsets[:4], offsets[4:]])
     assert n_full == n_acc == 8 * 16
     assert loss_acc == pytest.approx(loss_full, abs=1e-5)
-    assert full.state["step"] == accum.state["step"] == 1
+    assert full.state.step == accum.state.step == 1
     for (name, a), b in zip(full.model.named_parameters(), accum.model.parameters()):
         torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-4, msg=name)
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0, msg=name)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from attnlab.recipes import get_recipe
-from attnlab.tasks.registry import get_task, load_run, task_of_run
+from attnlab.tasks.registry import evaluate_run, get_task, load_run, task_of_run
 
 OLD = Path(__file__).resolve().parents[1] / "fixtures" / "old_runs"
 EXPECTED = json.loads((OLD / "expected.json").read_text())
@@ -61,3 +61,14 @@ def test_old_run_resumes_under_the_new_layout(tiny_shakespeare, tmp_path):
     assert result["steps"] == 4
     state = json.loads((out / "checkpoint" / "state.json").read_text())
     assert state["step"] == 4
+
+
+@pytest.mark.parametrize("name", ["gpt", "llama"])
+def test_old_language_model_runs_evaluate(tiny_shakespeare, name):
+    record = evaluate_run(OLD / name, limit=200)
+    assert record["split"] == "val" and record["n"] == 200 and 0 < record["val_loss"] < 10
+
+
+def test_old_translation_run_evaluates(tiny_multi30k):
+    record = evaluate_run(OLD / "seq2seq", split="val", limit=3, beam=1)
+    assert record["split"] == "val" and record["n"] == 3 and 0 <= record["bleu"] <= 100

@@ -54,7 +54,7 @@ def test_ctrl_c_checkpoints_after_the_step_and_resume_matches(tiny_multi30k, tmp
 
     def step_then_ctrl_c(self, batch):
         out = original(self, batch)
-        if self.state["step"] == 3:
+        if self.state.step == 3:
             os.kill(os.getpid(), signal.SIGINT)  # arrives as if typed during step 3
         return out
 

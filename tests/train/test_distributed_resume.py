@@ -22,7 +22,7 @@ def test_a_killed_rank_stops_the_job_and_resume_equals_the_uninterrupted_run(run
                             text=True, timeout=120)
     assert killed.returncode == 1 and time.monotonic() - t0 < 60
     assert "attnlab: error: rank 1 of 2" in killed.stderr and "killed by SIGKILL" in killed.stderr
-    assert read_state(out / "checkpoint")["step"] == 2  # the last checkpoint before the kill
+    assert read_state(out / "checkpoint").step == 2  # the last checkpoint before the kill
     resume = [sys.executable, "-m", "attnlab", "train", "--nproc", "2", "--recipe", "multi30k-en-de", "--steps", "5",
               "--out", str(out), "--resume"]
     done = subprocess.run(resume, env=env(runs.data), capture_output=True, text=True, timeout=120)
@@ -40,7 +40,7 @@ def test_two_processes_killed_mid_checkpoint_resume_on_one(runs, tmp_path, monke
     killed = torchrun(runs.data, [*TRANSLATION, "--set", "parallel=fsdp", "--steps", "5", "--out", str(out)],
                       extra_env={"ATTNLAB_CRASH_AT": "partial:*checkpoint*model.safetensors#3"})
     assert killed.returncode != 0 and "SIGKILL" in killed.stderr
-    assert read_state(out / "checkpoint")["step"] == 2
+    assert read_state(out / "checkpoint").step == 2
     one_process(monkeypatch, runs.data, ["--recipe", "multi30k-en-de", "--steps", "5", "--out", str(out), "--resume"])
     assert max_difference(weights(out), weights(runs.one("translation"))) < 1e-5
 

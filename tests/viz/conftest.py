@@ -11,6 +11,8 @@ from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.models.seq2seq import Seq2SeqTransformer
 from attnlab.tokenizers import ByteLevelBPE
 from attnlab.viz.sources import Source, load
+from attnlab.tasks.loaded import LoadedModel
+from attnlab.tasks.registry import get_task
 from tests.conftest import make_pairs, tiny_config
 
 
@@ -31,11 +33,11 @@ def pair_tokenizer() -> ByteLevelBPE:
 def tiny_seq2seq(pair_tokenizer) -> Source:
     torch.manual_seed(0)
     model = Seq2SeqTransformer(tiny_config(vocab_size=pair_tokenizer.vocab_size)).eval()
-    return Source(model, pair_tokenizer, "seq2seq", "tiny-seq2seq")
+    return Source(LoadedModel(model, pair_tokenizer, get_task("seq2seq"), None), "tiny-seq2seq")
 
 
 def tiny_gpt(tokenizer, **overrides) -> Source:
     torch.manual_seed(0)
     cfg = GPTConfig(**{**dict(vocab_size=tokenizer.vocab_size, d_model=32, n_layers=2, n_heads=4, max_seq_len=64),
                        **overrides})
-    return Source(GPT(cfg).eval(), tokenizer, "causal-lm", "tiny-gpt")
+    return Source(LoadedModel(GPT(cfg).eval(), tokenizer, get_task("gpt"), None), "tiny-gpt")

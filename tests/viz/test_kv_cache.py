@@ -8,13 +8,13 @@ from tests.viz.conftest import tiny_gpt
 def test_sizes_match_the_models_own_cache(pair_tokenizer):
     source = tiny_gpt(pair_tokenizer, positions="rope", n_heads=4, n_kv_heads=2)
     model, cfg = source.model, source.model.cfg
-    sizes = kv_cache.cache_sizes(cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, [16, 64])
+    sizes = kv_cache.cache_sizes(cfg.n_layers, cfg.n_heads, cfg.kv_heads, cfg.head_dim, [16, 64])
     mha, gqa, mqa = sizes.values()
     model.setup_kv_cache(1, 64)
     assert gqa[1] == model.kv_cache_bytes()  # the picture's bytes are the model's allocation
     model.clear_kv_cache()
     assert mha[1] == 2 * gqa[1] == 4 * mqa[1] and gqa[0] * 4 == gqa[1]
-    assert gqa[1] == cfg.n_layers * 2 * cfg.n_kv_heads * 64 * cfg.head_dim * 4  # fp32 bytes
+    assert gqa[1] == cfg.n_layers * 2 * cfg.kv_heads * 64 * cfg.head_dim * 4  # fp32 bytes
 
 
 def test_timing_and_figure(pair_tokenizer, tmp_path):

@@ -10,6 +10,8 @@ from attnlab.nn.moe import MixtureOfExperts
 from attnlab.viz import moe
 from attnlab.viz.capture import recorded_routing
 from attnlab.viz.sources import Source, shakespeare_text
+from attnlab.tasks.loaded import LoadedModel
+from attnlab.tasks.registry import get_task
 from tests.viz.conftest import tiny_gpt
 
 
@@ -33,7 +35,7 @@ def trained_moe():
         opt.zero_grad()
         loss.backward()
         opt.step()
-    return Source(model.eval(), tok, "causal-lm", "tiny-moe"), text
+    return Source(LoadedModel(model.eval(), tok, get_task("gpt"), None), "tiny-moe"), text
 
 
 def test_every_token_goes_to_top_k_experts_per_layer(trained_moe, tmp_path):

@@ -5,12 +5,31 @@ from __future__ import annotations
 import argparse
 import sys
 
+from attnlab.errors import UserError
+
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse with a one-line error (no usage block), exit code 2."""
+    """argparse with a one-line error (no usage block), exit code 2. The parsed namespace records
+    the flags of the (innermost) sub-command that parsed it: flags_of(args)."""
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace = argparse.Namespace() if namespace is None else namespace
+        setattr(namespace, _FLAGS, {a.dest: (max(a.option_strings, key=len), a.nargs == 0) for a in self._actions
+                                    if a.option_strings and a.dest != "help"})
+        return super().parse_known_args(args, namespace)
+
+
+_FLAGS = "_flags"  # the namespace attribute OneLineParser fills
+
+
+def flags_of(args: argparse.Namespace) -> dict[str, tuple[str, bool]]:
+    """{parameter (the option's dest): (its flag, whether it is a switch)} of the sub-command that
+    parsed `args`, e.g. {"source": ("--from", False), "resume": ("--resume", True)}: how the CLI
+    names a parameter in an error message."""
+    return getattr(args, _FLAGS, {})
 
 
 def positive_int(text: str) -> int:
@@ -60,8 +79,8 @@ def decode_utf8(data: bytes, where: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise ValueError(f"{where}: not valid UTF-8 at byte offset {err.start} "
-                         f"(byte 0x{data[err.start]:02x})") from None
+        raise UserError(f"{where}: not valid UTF-8 at byte offset {err.start} "
+                        f"(byte 0x{data[err.start]:02x})") from None
 
 
 def check_text(text: str, where: str) -> str:
@@ -69,7 +88,7 @@ def check_text(text: str, where: str) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise ValueError(f"{where} is not valid UTF-8 (character {e.start})") from None
+        raise UserError(f"{where} is not valid UTF-8 (character {e.start})") from None
     return text
 
 
@@ -90,8 +109,8 @@ def texts(arguments: list[str]) -> list[str]:
     where = "argument" if arguments else "stdin line"
     found = [check_text(t, f"argument {i + 1}") for i, t in enumerate(arguments)] if arguments else stdin_lines()
     if not found:
-        raise ValueError("give at least one text (arguments, or one per stdin line)")
+        raise UserError("give at least one text (arguments, or one per stdin line)")
     empty = [i + 1 for i, t in enumerate(found) if not t.strip()]
     if empty:
-        raise ValueError(f"{where} {empty[0]} is empty; every {where.split()[-1]} must hold some text")
+        raise UserError(f"{where} {empty[0]} is empty; every {where.split()[-1]} must hold some text")
     return found

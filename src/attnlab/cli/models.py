@@ -13,12 +13,14 @@ from attnlab.cli.args import (beam, check_text, nonnegative_float, positive_int,
                               texts)
 from attnlab.convert import convert
 from attnlab.embed import embed
+from attnlab.errors import UserError
 from attnlab.generate import check_context, generate
 from attnlab.interop.gguf_write import GGUF_OUT_TYPES
-from attnlab.load import load_causal_lm, load_encoder
+from attnlab.load import load_causal_lm, load_encoder, require_kind
 from attnlab.nn.quant_linear import DTYPES
 from attnlab.sampling import check_sampling
-from attnlab.tasks.registry import load_run, task_of_run
+from attnlab.tasks.kinds import Kind
+from attnlab.tasks.registry import load_run
 from attnlab.tasks.translation import TranslationDataConfig, translate
 from attnlab.textstream import TextStream
 
@@ -30,10 +32,7 @@ def _write(text: str) -> None:
 
 def cmd_translate(args) -> None:
     lines = [check_text(t, f"argument {i + 1}") for i, t in enumerate(args.text)] if args.text else stdin_lines()
-    run = load_run(args.model)
-    if run.model_type != "seq2seq":
-        raise ValueError(f"{args.model} is a {run.model_type} model; translate needs a translation run "
-                         f"(the multi30k-en-de recipe)")
+    run = require_kind(load_run(args.model), Kind.SEQ2SEQ, "translate")
     data = TranslationDataConfig.from_dict(run.config["data"])
     todo = [i for i, x in enumerate(lines) if x.strip()]  # empty lines are skipped (an empty line out)
     out = [""] * len(lines)
@@ -48,14 +47,14 @@ def cmd_translate(args) -> None:
 def cmd_generate(args) -> None:
     prompts = [check_text(p, f"--prompt {i + 1}") for i, p in enumerate(args.prompt)]
     if any(p == "" for p in prompts):
-        raise ValueError("--prompt is empty; give some text to continue")
+        raise UserError("--prompt is empty; give some text to continue")
     check_sampling(args.temperature, args.top_k, args.top_p)
     loaded = load_causal_lm(args.model, args.dtype)
     model, tokenizer = loaded.model, loaded.tokenizer
     ids = [tokenizer.encode(p) for p in prompts]
     for p, i in zip(prompts, ids):
         if not i:
-            raise ValueError(f"--prompt {p!r} has no character the model's tokenizer knows")
+            raise UserError(f"--prompt {p!r} has no character the model's tokenizer knows")
     max_new = 200 if args.max_new_tokens is None else args.max_new_tokens
     check_context(model, max(map(len, ids)), max_new)  # before any output
     kwargs = dict(max_new_tokens=max_new, temperature=args.temperature, top_k=args.top_k,
@@ -87,7 +86,7 @@ def cmd_chat(args) -> None:
         try:
             text = raw.decode("utf-8").strip()
         except UnicodeDecodeError as e:
-            raise ValueError(f"stdin line is not valid UTF-8 (byte offset {e.start})") from None
+            raise UserError(f"stdin line is not valid UTF-8 (byte offset {e.start})") from None
         if text == "/exit":
             break
         if text == "/reset":
@@ -106,15 +105,14 @@ def cmd_embed(args) -> None:
 
 
 def cmd_classify(args) -> None:
-    task = task_of_run(args.model)
-    run = task.load(args.model)
-    inputs = args.inputs if run.model_type == "vit" else texts(args.inputs)
-    for label, p in task.classify(run, inputs):
+    run = load_run(args.model)
+    inputs = args.inputs if run.task.takes_images else texts(args.inputs)
+    for label, p in run.task.classify(run, inputs):
         print(f"{label}\t{p:.4f}", flush=True)
 
 
 def cmd_convert(args) -> None:
-    print(json.dumps(convert(args.source, args.to, args.quantize)))
+    print(json.dumps(convert(args.source, args.out_dir, args.quantize)))
 
 
 def dtype_arg(p) -> None:
@@ -179,7 +177,7 @@ def add_model_parsers(sub) -> None:
     v = sub.add_parser("convert", help="write a model (GGUF file, HF directory, our run directory) as a HF "
                        "directory that transformers loads, or (--to FILE.gguf) as a GGUF file llama.cpp runs")
     v.add_argument("--from", dest="source", required=True, help="a name, .gguf file or model directory")
-    v.add_argument("--to", required=True, help="the output directory, or a .gguf file (LLaMA-family GPT models)")
+    v.add_argument("--to", dest="out_dir", required=True, help="the output directory, or a .gguf file (LLaMA-family GPT models)")
     v.add_argument("--quantize", choices=GGUF_OUT_TYPES, help="GGUF out only: the weight matrices' type "
                    "(default fp32; norms stay F32)")
     v.set_defaults(func=cmd_convert)

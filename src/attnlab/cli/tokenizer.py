@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from attnlab.cli.args import decode_utf8, stdin_lines
+from attnlab.errors import UserError
 from attnlab.tokenizers.bpe import ByteLevelBPE, load_tokenizer
 from attnlab.tokenizers.gguf import read_gguf_tokenizer
 from attnlab.tokenizers.pretokenize import PATTERNS
@@ -78,7 +79,7 @@ def load_any(path) -> ByteLevelBPE:
         try:
             return read_gguf_tokenizer(path).tokenizer
         except ImportError as err:  # the optional `gguf` package: a one-line reason, exit 2
-            raise ValueError(str(err)) from None
+            raise UserError(str(err)) from None
     return load_tokenizer(path)
 
 
@@ -130,8 +131,8 @@ def cmd_decode(args) -> None:
         except json.JSONDecodeError:
             ids = None
         if not isinstance(ids, list) or not all(type(i) is int for i in ids):
-            raise ValueError(f"stdin line {n}: expected a JSON list of token ids, got "
-                             f"{line[:60]!r}")
+            raise UserError(f"stdin line {n}: expected a JSON list of token ids, got "
+                            f"{line[:60]!r}")
         print(tok.decode(ids, skip_special=args.skip_special), flush=True)
 
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from attnlab.cli.args import beam, positive_float, positive_int
+from attnlab.errors import UserError
 from attnlab.files import DiskFullError
 from attnlab.nn.quant_linear import FLOAT_DTYPES
 from attnlab.nn.quant import SCHEMES
@@ -42,7 +43,7 @@ def train_argv(args) -> list[str]:
 def cmd_train(args) -> None:
     if args.nproc is not None:
         if "WORLD_SIZE" in os.environ:
-            raise ValueError("--nproc starts the processes itself; under torchrun leave it out")
+            raise UserError("--nproc starts the processes itself; under torchrun leave it out")
         get_recipe(args.recipe).with_overrides(list(args.set))  # bad input: one line here, not one per process
         code = launch(args.nproc, train_argv(args))
         if code:
@@ -55,8 +56,8 @@ def cmd_train(args) -> None:
     if args.steps is not None:
         budget += [f"max_steps={args.steps}"] + ([] if args.minutes is not None else ["minutes=none"])
     if args.resume and args.set:
-        raise ValueError("--set cannot change a run being resumed (its settings are in its config.json); "
-                         "only --steps and --minutes apply")
+        raise UserError("--set cannot change a run being resumed (its settings are in its config.json); "
+                        "only --steps and --minutes apply")
     recipe = recipe.with_overrides(list(args.set) + budget)
     out = args.out or f"runs/{recipe.name}"
     try:

@@ -14,6 +14,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from attnlab.errors import UnknownName
+
 
 log = logging.getLogger("attnlab")
 
@@ -121,7 +123,7 @@ def find_dataset(name: str, files: list[str] | None = None, download: bool = Tru
             are nowhere and the download fails (or download=False).
     """
     if name not in DATASETS:
-        raise KeyError(f"unknown data set {name!r}; known: {sorted(DATASETS)}")
+        raise UnknownName(f"unknown data set {name!r}; known: {sorted(DATASETS)}")
     wanted = files if files is not None else sorted(DATASETS[name])
     env = os.environ.get("ATTNLAB_DATA")
     if env and not all((Path(env) / name / f).is_file() for f in wanted):

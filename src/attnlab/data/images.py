@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from attnlab.data.datasets import find_dataset
+from attnlab.errors import UserError
 
 MNIST_IMAGES = "t10k-images-idx3-ubyte.gz"
 MNIST_LABELS = "t10k-labels-idx1-ubyte.gz"
@@ -42,17 +43,17 @@ def read_idx(path: str | Path, magic: int) -> np.ndarray:
         with opener(path, "rb") as f:
             data = f.read()
     except (OSError, EOFError) as e:
-        raise ValueError(f"{path} is not a readable IDX file ({e})") from None
+        raise UserError(f"{path} is not a readable IDX file ({e})") from None
     if len(data) < 4 or struct.unpack(">i", data[:4])[0] != magic:
         found = struct.unpack(">i", data[:4])[0] if len(data) >= 4 else None
-        raise ValueError(f"{path} is not an IDX file of magic number {magic} (found {found})")
+        raise UserError(f"{path} is not an IDX file of magic number {magic} (found {found})")
     ndim = data[3]
     header = 4 + 4 * ndim
     shape = struct.unpack(f">{ndim}i", data[4:header])
     count = int(np.prod(shape))
     if len(data) - header != count:
-        raise ValueError(f"{path}: the header says {count} bytes of data for shape {shape}, "
-                         f"the file holds {len(data) - header}")
+        raise UserError(f"{path}: the header says {count} bytes of data for shape {shape}, "
+                        f"the file holds {len(data) - header}")
     return np.frombuffer(data, np.uint8, offset=header).reshape(shape)
 
 
@@ -67,9 +68,9 @@ def _load_digits(folder: Path) -> tuple[np.ndarray, np.ndarray]:
     try:
         table = np.loadtxt(path, delimiter=",", dtype=np.float32, ndmin=2)
     except ValueError as e:
-        raise ValueError(f"{path} is not a CSV of numbers ({e})") from None
+        raise UserError(f"{path} is not a CSV of numbers ({e})") from None
     if table.shape[1] != 65:
-        raise ValueError(f"{path} must have 65 columns (64 pixels and a label), found {table.shape[1]}")
+        raise UserError(f"{path} must have 65 columns (64 pixels and a label), found {table.shape[1]}")
     return table[:, :64].reshape(-1, 8, 8) / 16.0, table[:, 64]
 
 
@@ -84,10 +85,10 @@ def load_images(dataset: str) -> tuple[torch.Tensor, torch.Tensor]:
     """
     loaders = {"mnist": _load_mnist, "digits": _load_digits}
     if dataset not in loaders:
-        raise ValueError(f"unknown image data set {dataset!r}; known: {', '.join(loaders)}")
+        raise UserError(f"unknown image data set {dataset!r}; known: {', '.join(loaders)}")
     images, labels = loaders[dataset](find_dataset(dataset))
     if len(images) != len(labels):
-        raise ValueError(f"data set {dataset!r} has {len(images)} images but {len(labels)} labels")
+        raise UserError(f"data set {dataset!r} has {len(images)} images but {len(labels)} labels")
     return torch.from_numpy(np.array(images))[:, None], torch.from_numpy(np.array(labels)).long()
 
 
@@ -100,8 +101,8 @@ def split(n_images: int, n_train: int, n_test: int, seed: int = SPLIT_SEED) -> t
         ValueError: when n_train + n_test exceeds n_images (naming the numbers).
     """
     if n_train + n_test > n_images:
-        raise ValueError(f"n_train + n_test = {n_train} + {n_test} = {n_train + n_test} exceeds the "
-                         f"{n_images} images of the data set")
+        raise UserError(f"n_train + n_test = {n_train} + {n_test} = {n_train + n_test} exceeds the "
+                        f"{n_images} images of the data set")
     perm = torch.randperm(n_images, generator=torch.Generator().manual_seed(seed))
     return perm[:n_train], perm[n_train:n_train + n_test]
 
@@ -153,7 +154,7 @@ def _read_pgm(path: Path) -> np.ndarray:
         while end < len(data) and not data[end:end + 1].isspace():
             end += 1
         if end == pos:
-            raise ValueError("truncated header")
+            raise UserError("truncated header")
         tokens.append(data[pos:end])
         pos = end
     magic, (w, h, maxval) = tokens[0], map(int, tokens[1:])
@@ -163,7 +164,7 @@ def _read_pgm(path: Path) -> np.ndarray:
         dtype = np.dtype(">u2" if maxval > 255 else np.uint8)
         pixels = np.frombuffer(data[pos + 1:pos + 1 + w * h * dtype.itemsize], dtype)
     if pixels.size < w * h or maxval < 1:
-        raise ValueError(f"{pixels.size} pixels of maximum {maxval}, the header says {w}×{h}")
+        raise UserError(f"{pixels.size} pixels of maximum {maxval}, the header says {w}×{h}")
     return pixels[:w * h].astype(np.float32).reshape(h, w) / maxval
 
 
@@ -182,7 +183,7 @@ def read_image_file(path: str | Path) -> torch.Tensor:
         try:
             return torch.from_numpy(_read_pgm(path))[None]
         except ValueError as e:
-            raise ValueError(f"{path} is not a readable PGM image ({e})") from None
+            raise UserError(f"{path} is not a readable PGM image ({e})") from None
     try:
         from PIL import Image  # optional dependency (Pillow), for PNG/JPEG files
     except ImportError:
@@ -197,7 +198,7 @@ def read_image_file(path: str | Path) -> torch.Tensor:
             if array.ndim == 3:  # RGB(A) in [0, 1]: luminance, alpha dropped
                 array = array[..., :3] @ np.array([0.299, 0.587, 0.114], dtype=np.float32)
     except ImportError:
-        raise ValueError(f"{path}: reading this format needs Pillow (pip install pillow)") from None
+        raise UserError(f"{path}: reading this format needs Pillow (pip install pillow)") from None
     except Exception as e:  # noqa: BLE001 - the readers raise many types for a damaged file
-        raise ValueError(f"{path} is not a readable image ({e})") from None
+        raise UserError(f"{path} is not a readable image ({e})") from None
     return torch.from_numpy(np.ascontiguousarray(array))[None]

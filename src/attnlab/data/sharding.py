@@ -7,6 +7,8 @@ together see exactly the one-process batch, and the step count and schedule are 
 """
 from __future__ import annotations
 
+from attnlab.errors import UserError
+
 
 def shard_rows(n: int, rank: int, world: int) -> range:
     """The rows of process `rank` among `n` rows split over `world` processes: contiguous blocks in
@@ -16,7 +18,7 @@ def shard_rows(n: int, rank: int, world: int) -> range:
         ValueError: for n < 0, world < 1 or a rank outside 0..world-1.
     """
     if n < 0 or world < 1 or not 0 <= rank < world:
-        raise ValueError(f"cannot split {n} rows for rank {rank} of {world} processes")
+        raise UserError(f"cannot split {n} rows for rank {rank} of {world} processes")
     base, extra = divmod(n, world)
     start = rank * base + min(rank, extra)
     return range(start, start + base + (1 if rank < extra else 0))

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from attnlab.data.datasets import find_dataset
+from attnlab.errors import UnknownName, UserError
 from attnlab.tokenizers import ByteLevelBPE
 
 TEXT_FILES = {"tinyshakespeare": "input.txt"}
@@ -21,7 +22,7 @@ def read_text(dataset: str) -> str:
         KeyError: for a data set that is not a text corpus. DatasetNotFoundError: when it is missing.
     """
     if dataset not in TEXT_FILES:
-        raise KeyError(f"{dataset!r} is not a text data set; known: {sorted(TEXT_FILES)}")
+        raise UnknownName(f"{dataset!r} is not a text data set; known: {sorted(TEXT_FILES)}")
     name = TEXT_FILES[dataset]
     return (find_dataset(dataset, [name]) / name).read_text(encoding="utf-8")
 
@@ -55,7 +56,7 @@ class TokenStream:
 
     def check_block(self, block_size: int, what: str) -> None:
         if len(self) < block_size + 1:
-            raise ValueError(f"the {what} text has {len(self)} tokens, fewer than block_size + 1 = {block_size + 1}")
+            raise UserError(f"the {what} text has {len(self)} tokens, fewer than block_size + 1 = {block_size + 1}")
 
     def random_offsets(self, n_batches: int, batch_size: int, block_size: int, generator: torch.Generator
                        ) -> torch.Tensor:

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from attnlab.data.datasets import find_dataset
+from attnlab.errors import UserError
 
 
 def read_lines(path: Path) -> list[str]:
@@ -24,7 +25,7 @@ def read_lines(path: Path) -> list[str]:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: not valid UTF-8 at byte offset {e.start}") from None
+        raise UserError(f"{path}: not valid UTF-8 at byte offset {e.start}") from None
     return text.splitlines()
 
 
@@ -39,7 +40,7 @@ def read_parallel(dataset: str, split: str, src_lang: str, tgt_lang: str) -> tup
     root = find_dataset(dataset, names)
     src, tgt = (read_lines(root / n) for n in names)
     if len(src) != len(tgt):
-        raise ValueError(f"{root}: {names[0]} has {len(src)} lines but {names[1]} has {len(tgt)}")
+        raise UserError(f"{root}: {names[0]} has {len(src)} lines but {names[1]} has {len(tgt)}")
     pairs = [(s.strip(), t.strip()) for s, t in zip(src, tgt) if s.strip() and t.strip()]
     return [s for s, _ in pairs], [t for _, t in pairs]
 

@@ -12,6 +12,7 @@ from attnlab.data.classification import read_sst2
 from attnlab.data.datasets import find_dataset
 from attnlab.data.text import read_text, split_text
 from attnlab.data.translation import read_lines
+from attnlab.errors import UserError
 
 log = logging.getLogger("attnlab")
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -71,7 +72,7 @@ def load_wordpiece(path: str | Path):
     try:
         tok = Tokenizer.from_file(str(path))
     except Exception as e:  # tokenizers raises its own exception type for a malformed file
-        raise ValueError(f"{path} is not a readable tokenizer.json ({e})") from None
+        raise UserError(f"{path} is not a readable tokenizer.json ({e})") from None
     tok.no_padding()
     tok.no_truncation()
     return tok

@@ -7,6 +7,7 @@ does not apply is an error that says why; "reference" always runs.
 """
 from __future__ import annotations
 
+from attnlab.errors import UserError
 from attnlab.engines.base import DecodeEngine
 from attnlab.engines.fused import FusedEngine
 from attnlab.engines.reference import ReferenceEngine
@@ -22,12 +23,12 @@ def engine_name(model, engine: str = "auto") -> str:
             not run (saying why).
     """
     if engine not in ENGINES:
-        raise ValueError(f"engine {engine!r} is not one of {', '.join(ENGINES)}")
+        raise UserError(f"engine={engine!r} is not one of {', '.join(ENGINES)}", param="engine")
     if engine == ReferenceEngine.name:
         return engine
     reason = FusedEngine.unsupported(model)
     if reason is not None and engine == FusedEngine.name:
-        raise ValueError(f"the fused-cpp engine does not run this model: {reason}")
+        raise UserError(f"engine='fused-cpp' does not run this model: {reason}", param="engine")
     return ReferenceEngine.name if reason is not None else FusedEngine.name
 
 

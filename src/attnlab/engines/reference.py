@@ -48,7 +48,7 @@ class ReferenceEngine:
         else:
             cfg, p = model.cfg, next(model.parameters())
             dtype = p.dtype if p.is_floating_point() else torch.float32
-            self.caches, self.states = SlotCaches(cfg.n_layers, max_batch, cfg.n_kv_heads, max_len, cfg.head_dim,
+            self.caches, self.states = SlotCaches(cfg.n_layers, max_batch, cfg.kv_heads, max_len, cfg.head_dim,
                                                   cfg.sliding_window, dtype, p.device), None
 
     @property

@@ -16,6 +16,7 @@ from typing import Sequence
 
 import torch
 
+from attnlab.errors import UserError
 from attnlab.nn.kv_cache import KVCache
 
 
@@ -35,11 +36,11 @@ class SlotTable:
 
     def __init__(self, max_batch: int, max_len: int, vocab_size: int, limit: int | None):
         if max_batch < 1:
-            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+            raise UserError(f"max_batch must be >= 1, got {max_batch}")
         if max_len < 1:
-            raise ValueError(f"max_len must be >= 1, got {max_len}")
+            raise UserError(f"max_len must be >= 1, got {max_len}")
         if limit is not None and max_len > limit:
-            raise ValueError(f"max_len={max_len} is past the model's context of {limit} positions (max_seq_len)")
+            raise UserError(f"max_len={max_len} is past the model's context of {limit} positions (max_seq_len)")
         self.max_batch, self.max_len, self.vocab_size = max_batch, max_len, vocab_size
         self.lengths = [0] * max_batch
         self.busy = [False] * max_batch
@@ -48,40 +49,40 @@ class SlotTable:
         slots = [int(s) for s in slots]
         for s in slots:
             if not 0 <= s < self.max_batch:
-                raise ValueError(f"slot {s} is out of range 0 .. {self.max_batch - 1}")
+                raise UserError(f"slot {s} is out of range 0 .. {self.max_batch - 1}")
         if len(set(slots)) != len(slots):
-            raise ValueError(f"a slot is given twice: {slots}")
+            raise UserError(f"a slot is given twice: {slots}")
         return slots
 
     def _token(self, t: int) -> int:
         if not 0 <= int(t) < self.vocab_size:
-            raise ValueError(f"token id {int(t)} is outside the vocabulary 0 .. {self.vocab_size - 1}")
+            raise UserError(f"token id {int(t)} is outside the vocabulary 0 .. {self.vocab_size - 1}")
         return int(t)
 
     def check_prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]]) -> tuple[list[int], list[list[int]]]:
         slots = self._slots(slots)
         if len(slots) != len(prompts):
-            raise ValueError(f"{len(slots)} slots for {len(prompts)} prompts")
+            raise UserError(f"{len(slots)} slots for {len(prompts)} prompts")
         out = []
         for s, p in zip(slots, prompts):
             if self.busy[s]:
-                raise ValueError(f"slot {s} is busy (release it first)")
+                raise UserError(f"slot {s} is busy (release it first)")
             if len(p) < 1:
-                raise ValueError("every prompt needs at least one token (an empty prompt has nothing to continue)")
+                raise UserError("every prompt needs at least one token (an empty prompt has nothing to continue)")
             if len(p) > self.max_len:
-                raise ValueError(f"a prompt of {len(p)} tokens does not fit max_len={self.max_len}")
+                raise UserError(f"a prompt of {len(p)} tokens does not fit max_len={self.max_len}")
             out.append([self._token(t) for t in p])
         return slots, out
 
     def check_step(self, slots: Sequence[int], tokens: Sequence[int]) -> tuple[list[int], list[int]]:
         slots = self._slots(slots)
         if len(slots) != len(tokens):
-            raise ValueError(f"{len(slots)} slots for {len(tokens)} tokens")
+            raise UserError(f"{len(slots)} slots for {len(tokens)} tokens")
         for s in slots:
             if not self.busy[s]:
-                raise ValueError(f"slot {s} is free (prefill it first)")
+                raise UserError(f"slot {s} is free (prefill it first)")
             if self.lengths[s] >= self.max_len:
-                raise ValueError(f"slot {s} is full ({self.lengths[s]} positions = max_len)")
+                raise UserError(f"slot {s} is full ({self.lengths[s]} positions = max_len)")
         return slots, [self._token(t) for t in tokens]
 
     def start(self, slot: int, length: int) -> None:

@@ -23,6 +23,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 import torch
 
+from attnlab.errors import UserError
 from attnlab.interop.gguf_quants import TYPES, dequantize, from_gguf_blocks
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.nn.quant import SCHEMES, QuantWeight, quantize
@@ -65,11 +66,11 @@ def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
 def _get(metadata: Mapping[str, Any], key: str, kind: type, default=None):
     value = metadata.get(key, default)
     if value is None:
-        raise ValueError(f"GGUF metadata key {key} is missing")
+        raise UserError(f"GGUF metadata key {key} is missing")
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if not isinstance(value, kind) or isinstance(value, bool):
-        raise ValueError(f"GGUF metadata key {key} must be a {kind.__name__}, got {value!r}")
+        raise UserError(f"GGUF metadata key {key} must be a {kind.__name__}, got {value!r}")
     return value
 
 
@@ -85,12 +86,12 @@ def _check_keys(metadata: Mapping[str, Any], arch: str, head_dim: int, vocab: in
         if sub in _READ:
             continue
         if sub not in _CHECKED:
-            raise ValueError(f"GGUF metadata key {key} = {value!r} is not supported (attnlab reads "
-                             f"{', '.join(_READ + _CHECKED)})")
+            raise UserError(f"GGUF metadata key {key} = {value!r} is not supported (attnlab reads "
+                            f"{', '.join(_READ + _CHECKED)})")
         if value != allowed[sub]:
-            raise ValueError(f"GGUF metadata key {key} = {value!r} is not supported: attnlab's GPT "
-                             f"needs {allowed[sub]!r} (no RoPE scaling, partial rotary, odd head "
-                             f"sizes or experts)")
+            raise UserError(f"GGUF metadata key {key} = {value!r} is not supported: attnlab's GPT "
+                            f"needs {allowed[sub]!r} (no RoPE scaling, partial rotary, odd head "
+                            f"sizes or experts)")
 
 
 def gpt_config_from_gguf(metadata: Mapping[str, Any], tensor_names: Iterable[str] | None = None
@@ -112,11 +113,11 @@ def gpt_config_from_gguf(metadata: Mapping[str, Any], tensor_names: Iterable[str
     """
     arch = metadata.get("general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
-        raise ValueError(f"GGUF general.architecture {arch!r} is not supported; supported: "
-                         f"{', '.join(SUPPORTED_ARCHITECTURES)}")
+        raise UserError(f"GGUF general.architecture {arch!r} is not supported; supported: "
+                        f"{', '.join(SUPPORTED_ARCHITECTURES)}")
     tokens = metadata.get("tokenizer.ggml.tokens")
     if not isinstance(tokens, list) or not tokens:
-        raise ValueError("GGUF metadata key tokenizer.ggml.tokens is missing (it gives vocab_size)")
+        raise UserError("GGUF metadata key tokenizer.ggml.tokens is missing (it gives vocab_size)")
     n_heads = _get(metadata, f"{arch}.attention.head_count", int)
     d_model = _get(metadata, f"{arch}.embedding_length", int)
     _check_keys(metadata, arch, d_model // n_heads if n_heads else 0, len(tokens))
@@ -147,8 +148,8 @@ def _read_header(path: Path) -> None:
     with open(path, "rb") as f:
         magic = f.read(4)
     if magic != b"GGUF":
-        raise ValueError(f"{path} is not a GGUF file: it starts with {magic!r}, not b'GGUF' "
-                         "(refused before parsing)")
+        raise UserError(f"{path} is not a GGUF file: it starts with {magic!r}, not b'GGUF' "
+                        "(refused before parsing)")
 
 
 def _check_tensors(found: Mapping[str, Any], names: Mapping[str, str], own: Mapping[str, torch.Tensor]) -> None:
@@ -160,7 +161,7 @@ def _check_tensors(found: Mapping[str, Any], names: Mapping[str, str], own: Mapp
             problems.append(f"{g} has shape {tuple(int(d) for d in reversed(found[g].shape))}, "
                             f"expected {tuple(own[ours].shape)}")
     if problems:
-        raise ValueError("GGUF tensors do not match the config: " + "; ".join(problems))
+        raise UserError("GGUF tensors do not match the config: " + "; ".join(problems))
 
 
 def _target(tensor, dtype: str) -> str | None:
@@ -199,7 +200,7 @@ def _load_weights(reader, model: GPT, tied: bool, dtype: str) -> None:
     state, quantized = {}, {}
     for g, ours in names.items():
         t = found[g]
-        heads = cfg.n_heads if ".attn_q." in g else cfg.n_kv_heads if ".attn_k." in g else None
+        heads = cfg.n_heads if ".attn_q." in g else cfg.kv_heads if ".attn_k." in g else None
         scheme = _target(t, dtype)
         if scheme is not None:
             quantized[ours] = _quantized(t, g, scheme, own[ours].shape, heads)
@@ -250,12 +251,12 @@ def load_gguf(path, dtype: str = "fp32") -> tuple[GPT, ByteLevelBPE, dict[str, A
         reader = GGUFReader(str(path), "r")
         metadata = {n: f.contents() for n, f in reader.fields.items() if not n.startswith("GGUF.")}
     except (ValueError, IndexError, UnicodeDecodeError, OSError) as err:
-        raise ValueError(f"{path}: not a valid GGUF file ({err})") from None
+        raise UserError(f"{path}: not a valid GGUF file ({err})") from None
     try:
         cfg = gpt_config_from_gguf(metadata, [t.name for t in reader.tensors])
         tokenizer = tokenizer_from_metadata(metadata).tokenizer
         model = GPT(cfg)
         _load_weights(reader, model, cfg.tie_embeddings, dtype)
     except ValueError as err:
-        raise ValueError(f"{path}: {err}") from None
+        raise UserError(f"{path}: {err}") from None
     return set_dtype(model, "bf16" if dtype == "bf16" else "fp32").eval(), tokenizer, metadata

@@ -27,6 +27,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from attnlab.errors import UserError
 from attnlab.nn.quant import BLOCK, QS_BYTES, SCALES, SCHEMES, QuantWeight, dequantize as dequantize_blocks
 
 GGML_TYPE = {"q8_0": 8, "q4_0": 2, "q4_1": 3}  # ggml type ids (gguf.GGMLQuantizationType) of our schemes
@@ -51,7 +52,7 @@ def from_gguf_blocks(raw, scheme: str, shape: tuple[int, int]) -> QuantWeight:
         torch.from_numpy(np.ascontiguousarray(raw).reshape(-1).view(np.uint8).copy())  # (bytes,)
     nb = cols // BLOCK
     if cols % BLOCK or data.numel() != rows * nb * size:
-        raise ValueError(f"a {scheme} tensor of shape {shape} needs {rows * nb * size} bytes, got {data.numel()}")
+        raise UserError(f"a {scheme} tensor of shape {shape} needs {rows * nb * size} bytes, got {data.numel()}")
     blocks = data.reshape(rows, nb, size)
     scales = [blocks[..., 2 * i:2 * i + 2].contiguous().view(torch.float16).reshape(rows, nb)
               for i in range(len(SCALES[scheme]))]  # d (and m), (O, NB) each
@@ -106,12 +107,12 @@ def dequantize(raw: np.ndarray, ggml_type, shape: Sequence[int], name: str = "te
         return _dequantize_with_gguf(data, code, shape, name)
     kind, size = TYPES[code]
     if kind not in PLAIN and (not shape or shape[-1] % BLOCK):
-        raise ValueError(f"{name}: a {kind} tensor needs a last dimension that is a multiple of "
-                         f"{BLOCK}, got shape {shape}")
+        raise UserError(f"{name}: a {kind} tensor needs a last dimension that is a multiple of "
+                        f"{BLOCK}, got shape {shape}")
     expected = n * size if kind in PLAIN else n // BLOCK * size
     if data.size != expected:
-        raise ValueError(f"{name}: {kind} tensor of shape {shape} needs {expected} bytes, "
-                         f"got {data.size}")
+        raise UserError(f"{name}: {kind} tensor of shape {shape} needs {expected} bytes, "
+                        f"got {data.size}")
     if kind == "F32":
         return data.view("<f4").astype(np.float32).reshape(shape)
     if kind == "F16":
@@ -131,16 +132,16 @@ def _dequantize_with_gguf(data: np.ndarray, code: int, shape: tuple[int, ...], n
         block, size = gq.GGML_QUANT_SIZES[kind]
     except (ImportError, ValueError, KeyError):
         supported = ", ".join(n for n, _ in TYPES.values())
-        raise ValueError(f"{name}: GGUF tensor type {_type_name(code)} is not supported; supported: "
-                         f"{supported}, and the types gguf.quants decodes (pip install gguf)") from None
+        raise UserError(f"{name}: GGUF tensor type {_type_name(code)} is not supported; supported: "
+                        f"{supported}, and the types gguf.quants decodes (pip install gguf)") from None
     if not shape or shape[-1] % block:
-        raise ValueError(f"{name}: a {kind.name} tensor needs a last dimension that is a multiple of "
-                         f"{block}, got shape {shape}")
+        raise UserError(f"{name}: a {kind.name} tensor needs a last dimension that is a multiple of "
+                        f"{block}, got shape {shape}")
     expected = math.prod(shape) // block * size
     if data.size != expected:
-        raise ValueError(f"{name}: {kind.name} tensor of shape {shape} needs {expected} bytes, got {data.size}")
+        raise UserError(f"{name}: {kind.name} tensor of shape {shape} needs {expected} bytes, got {data.size}")
     try:
         out = gq.dequantize(data.reshape(-1, size), kind)  # (blocks, block)
     except NotImplementedError:
-        raise ValueError(f"{name}: GGUF tensor type {kind.name} cannot be decoded by this gguf version") from None
+        raise UserError(f"{name}: GGUF tensor type {kind.name} cannot be decoded by this gguf version") from None
     return np.ascontiguousarray(out, dtype=np.float32).reshape(shape)

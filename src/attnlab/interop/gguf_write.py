@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from attnlab.errors import UserError
 from attnlab.files import atomic_write
 from attnlab.interop.gguf import gguf_tensor_names
 from attnlab.models.gpt import GPT
@@ -38,14 +39,14 @@ LLAMA_FIELDS = {"positions": "rope", "norm": "rmsnorm", "activation": "swiglu", 
 def check_llama_family(model) -> None:
     """Raise ValueError (one line, naming the fields) unless `model` is a GPT that GGUF "llama" holds."""
     if not isinstance(model, GPT):
-        raise ValueError(f"GGUF export holds LLaMA-family GPT models; this is a {type(model).__name__}")
+        raise UserError(f"GGUF export holds LLaMA-family GPT models; this is a {type(model).__name__}")
     cfg = model.cfg
     wrong = [f"{k}={getattr(cfg, k)!r} (needs {v!r})" for k, v in LLAMA_FIELDS.items() if getattr(cfg, k) != v]
     if cfg.qkv_bias:
         wrong.append("qkv_bias=True (needs False)")
     if wrong:
-        raise ValueError("GGUF export holds LLaMA-family GPT models (RoPE, RMSNorm, SwiGLU, pre-norm, no biases, "
-                         "no sliding window or experts); this model has " + ", ".join(wrong))
+        raise UserError("GGUF export holds LLaMA-family GPT models (RoPE, RMSNorm, SwiGLU, pre-norm, no biases, "
+                        "no sliding window or experts); this model has " + ", ".join(wrong))
 
 
 def permute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -58,8 +59,8 @@ def _pre_name(tokenizer: ByteLevelBPE) -> str:
     for name in ("smollm", "gpt-2", "llama-bpe", "qwen2"):
         if PRE_PATTERNS[name] == tokenizer.pattern_regex:
             return name
-    raise ValueError(f"the tokenizer's pre-tokenizer regex ({tokenizer.pattern}) has no GGUF name; GGUF export "
-                     f"supports {', '.join(sorted(set(PRE_PATTERNS)))}")
+    raise UserError(f"the tokenizer's pre-tokenizer regex ({tokenizer.pattern}) has no GGUF name; GGUF export "
+                    f"supports {', '.join(sorted(set(PRE_PATTERNS)))}")
 
 
 def tokenizer_tables(tokenizer: ByteLevelBPE, vocab_size: int) -> tuple[list[str], list[int], list[str]]:
@@ -119,15 +120,15 @@ def write_gguf(model: GPT, tokenizer: ByteLevelBPE, path, quantize: str = "fp32"
     """
     check_llama_family(model)
     if quantize not in GGUF_OUT_TYPES:
-        raise ValueError(f"--quantize {quantize!r} is not supported for GGUF output; supported: "
-                         f"{', '.join(GGUF_OUT_TYPES)}")
+        raise UserError(f"quantize={quantize!r} is not supported for GGUF output; supported: "
+                        f"{', '.join(GGUF_OUT_TYPES)}", param="quantize")
     try:
         import gguf  # optional dependency (the hf extra)
     except ImportError as err:
         raise ImportError("writing GGUF needs the `gguf` package: pip install 'attnlab[hf]'") from err
     cfg, state = model.cfg, model.state_dict()
     if any(not t.is_floating_point() for t in state.values()):
-        raise ValueError("GGUF export needs float weights (load the model with dtype fp32)")
+        raise UserError("GGUF export needs float weights (load the model with dtype fp32)")
     tokens, types, merges = tokenizer_tables(tokenizer, cfg.vocab_size)
     pre = _pre_name(tokenizer)
     names = gguf_tensor_names(cfg.n_layers, cfg.tie_embeddings)
@@ -138,8 +139,8 @@ def write_gguf(model: GPT, tokenizer: ByteLevelBPE, path, quantize: str = "fp32"
         if quantize != "fp32":
             w.add_quantization_version(gguf.GGML_QUANT_VERSION)
         w.add_block_count(cfg.n_layers), w.add_context_length(cfg.max_seq_len)
-        w.add_embedding_length(cfg.d_model), w.add_feed_forward_length(cfg.d_ff)
-        w.add_head_count(cfg.n_heads), w.add_head_count_kv(cfg.n_kv_heads)
+        w.add_embedding_length(cfg.d_model), w.add_feed_forward_length(cfg.ffn_dim)
+        w.add_head_count(cfg.n_heads), w.add_head_count_kv(cfg.kv_heads)
         w.add_layer_norm_rms_eps(cfg.norm_eps), w.add_rope_freq_base(cfg.rope_theta)
         w.add_rope_dimension_count(cfg.head_dim), w.add_vocab_size(cfg.vocab_size)
         w.add_tokenizer_model("gpt2"), w.add_tokenizer_pre(pre), w.add_token_list(tokens)
@@ -156,7 +157,7 @@ def write_gguf(model: GPT, tokenizer: ByteLevelBPE, path, quantize: str = "fp32"
         for g, ours in names.items():
             t = state[ours]
             if ".attn_q." in g or ".attn_k." in g:
-                heads = cfg.n_heads if ".attn_q." in g else cfg.n_kv_heads
+                heads = cfg.n_heads if ".attn_q." in g else cfg.kv_heads
                 t = torch.from_numpy(permute_qk(t.float().numpy(), heads))
             data, kind = _tensor(t, quantize, gguf)
             w.add_tensor(g, data, raw_dtype=kind)

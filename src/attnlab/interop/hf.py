@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from attnlab import jsonfile
+from attnlab.errors import UserError
 from attnlab.files import atomic_directory
 from attnlab.interop.hf_config import gpt_config_from_hf, hf_config_for
 from attnlab.interop.hf_weights import check_tensors, from_hf, normalize, to_hf
@@ -65,13 +66,13 @@ def load_hf(path, dtype: torch.dtype = torch.float32) -> tuple[GPT, dict]:
 def check_replaceable(out: Path) -> None:
     """Refuse to replace `out` unless it is new, or a directory holding only what an export writes."""
     if out.exists() and not out.is_dir():
-        raise ValueError(f"{out} exists and is not a directory")
+        raise UserError(f"{out} exists and is not a directory")
     if out.is_dir():
         others = sorted(p.name for p in out.iterdir()
                         if p.name not in _HF_FILES and not (p.name.startswith("model-") and p.suffix == ".safetensors"))
         if others:
-            raise ValueError(f"{out} holds files save_hf does not write ({', '.join(others[:5])}); refusing to "
-                             f"replace it: choose an empty or new directory")
+            raise UserError(f"{out} holds files save_hf does not write ({', '.join(others[:5])}); refusing to "
+                            f"replace it: choose an empty or new directory")
 
 
 def tokenizer_config(tokenizer, cfg) -> dict:
@@ -120,8 +121,8 @@ def save_hf(model: GPT, out_dir, tokenizer=None) -> None:
     cfg = model.cfg
     hf = hf_config_for(cfg, model.embed_tokens.weight.dtype)
     if tokenizer is not None and tokenizer.vocab_size > cfg.vocab_size:
-        raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is "
-                         f"{cfg.vocab_size}")
+        raise UserError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is "
+                        f"{cfg.vocab_size}")
     state = model.state_dict()
     if hf["architectures"][0] == "GPT2LMHeadModel" and not cfg.bias:
         state = _with_zero_biases(model, state)

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from attnlab.data.wordpiece import load_wordpiece
+from attnlab.errors import UserError
 from attnlab.files import atomic_directory
 from attnlab.interop.safetensors_dir import read_safetensors_dir
 from attnlab.jsonfile import read_json
@@ -47,10 +48,10 @@ def bert_config_from_hf(hf: dict, special_ids: dict[str, int] | None = None) -> 
         ValueError: naming an option our BERT does not implement.
     """
     if hf.get("position_embedding_type", "absolute") != "absolute":
-        raise ValueError(f"position_embedding_type {hf['position_embedding_type']!r} is not supported (absolute only)")
+        raise UserError(f"position_embedding_type {hf['position_embedding_type']!r} is not supported (absolute only)")
     act = hf.get("hidden_act", "gelu")
     if act not in _ACTS:
-        raise ValueError(f"hidden_act {act!r} is not supported; supported: {sorted(_ACTS)}")
+        raise UserError(f"hidden_act {act!r} is not supported; supported: {sorted(_ACTS)}")
     labels = hf.get("id2label")
     ids = special_ids or {}
     return BertConfig(
@@ -79,7 +80,7 @@ def hf_to_ours(name: str) -> str | None:
         index, _, rest = stem[len("encoder.layer."):].partition(".")
         if rest in _LAYER:
             return f"layers.{index}.{_LAYER[rest]}.{leaf}"
-    raise ValueError(f"unexpected tensor {name!r} in a BERT checkpoint")
+    raise UserError(f"unexpected tensor {name!r} in a BERT checkpoint")
 
 
 def ours_to_hf(name: str) -> str:
@@ -112,7 +113,7 @@ def load_bert_state(model: Bert, tensors: dict[str, torch.Tensor], source: str) 
            if k in own and own[k].shape != v.shape]
     missing = [k for k in own if k not in mapped and not k.startswith(OPTIONAL)]
     if bad or missing:
-        raise ValueError(f"{source}: " + "; ".join(
+        raise UserError(f"{source}: " + "; ".join(
             ([f"missing tensors {missing}"] if missing else []) + ([f"shape mismatches {bad}"] if bad else [])))
     model.load_state_dict({**own, **{k: v.to(own[k].dtype) for k, v in mapped.items() if k in own}})
     return sorted({k.split(".")[0] for k in own if k not in mapped})
@@ -123,7 +124,7 @@ def bert_hf_config(cfg: BertConfig) -> dict:
     acts = {v: k for k, v in _ACTS.items() if k != "gelu_pytorch_tanh"}
     return {"architectures": ["BertForMaskedLM"], "model_type": "bert", "vocab_size": cfg.vocab_size,
             "hidden_size": cfg.d_model, "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
-            "intermediate_size": cfg.d_ff, "max_position_embeddings": cfg.max_seq_len,
+            "intermediate_size": cfg.ffn_dim, "max_position_embeddings": cfg.max_seq_len,
             "type_vocab_size": cfg.type_vocab_size, "hidden_act": acts[cfg.activation], "layer_norm_eps": cfg.norm_eps,
             "hidden_dropout_prob": cfg.dropout, "attention_probs_dropout_prob": cfg.attention_dropout,
             "pad_token_id": cfg.pad_id, "num_labels": cfg.n_labels, "position_embedding_type": "absolute",
@@ -156,11 +157,11 @@ def load_hf_bert(name_or_path: str) -> tuple[Bert, object, Path, int]:
     """
     path = resolve(name_or_path)
     if not path.is_dir():
-        raise ValueError(f"{name_or_path} is a single file (GGUF, a language model); a BERT encoder is a directory "
-                         f"such as all-minilm-l6-v2")
+        raise UserError(f"{name_or_path} is a single file (GGUF, a language model); a BERT encoder is a directory "
+                        f"such as all-minilm-l6-v2")
     config = read_json(path / "config.json")
     if config.get("model_type") != "bert":
-        raise ValueError(f"{path}: model_type {config.get('model_type')!r} is not an encoder this loads (bert)")
+        raise UserError(f"{path}: model_type {config.get('model_type')!r} is not an encoder this loads (bert)")
     tokenizer = load_wordpiece(path / "tokenizer.json")
     special = {t: tokenizer.token_to_id(t) for t in ("[CLS]", "[SEP]", "[MASK]", "[PAD]")
                if tokenizer.token_to_id(t) is not None}

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from attnlab.errors import UserError
 from attnlab.models.gpt import GPTConfig
 
 LLAMA, MISTRAL, QWEN2, MIXTRAL, GPT2 = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
@@ -52,18 +53,18 @@ def architecture_of(hf: dict) -> str:
     if not archs:
         by_type = {t: a for a, t in MODEL_TYPES.items()}
         if hf.get("model_type") not in by_type:
-            raise ValueError(f"config.json names no supported architecture (architectures={archs!r}, "
-                             f"model_type={hf.get('model_type')!r}); supported: {', '.join(ARCHITECTURES)}")
+            raise UserError(f"config.json names no supported architecture (architectures={archs!r}, "
+                            f"model_type={hf.get('model_type')!r}); supported: {', '.join(ARCHITECTURES)}")
         return by_type[hf["model_type"]]
     if not isinstance(archs, list) or len(archs) != 1 or archs[0] not in ARCHITECTURES:
-        raise ValueError(f"unsupported architecture {archs!r} in config.json; supported: {', '.join(ARCHITECTURES)}")
+        raise UserError(f"unsupported architecture {archs!r} in config.json; supported: {', '.join(ARCHITECTURES)}")
     return archs[0]
 
 
 def _need(hf: dict, *names: str):
     missing = [n for n in names if not isinstance(hf.get(n), int)]
     if missing:
-        raise ValueError(f"config.json lacks the integer size field(s) {missing}")
+        raise UserError(f"config.json lacks the integer size field(s) {missing}")
     return [hf[n] for n in names]
 
 
@@ -72,17 +73,17 @@ def _rope_theta(hf: dict, default: float) -> float:
     scaling = hf.get("rope_scaling")
     if scaling is not None and (not isinstance(scaling, dict)
                                 or scaling.get("rope_type", scaling.get("type")) != "default"):
-        raise ValueError(f"rope_scaling={scaling!r} is not supported (attnlab's RoPE has no scaling)")
+        raise UserError(f"rope_scaling={scaling!r} is not supported (attnlab's RoPE has no scaling)")
     params = hf.get("rope_parameters") or scaling or {}
     if not isinstance(params, dict) or any(isinstance(v, dict) for v in params.values()):
-        raise ValueError(f"rope_parameters={params!r} is not supported (one plain RoPE for all layers only)")
+        raise UserError(f"rope_parameters={params!r} is not supported (one plain RoPE for all layers only)")
     kind = params.get("rope_type", params.get("type", "default"))
     if kind != "default":
-        raise ValueError(f"rope_parameters.rope_type={kind!r} is not supported (only 'default' RoPE)")
+        raise UserError(f"rope_parameters.rope_type={kind!r} is not supported (only 'default' RoPE)")
     for where in (params, hf):
         factor = where.get("partial_rotary_factor")
         if factor not in (None, 1, 1.0):
-            raise ValueError(f"partial_rotary_factor={factor!r} is not supported (RoPE on the whole head only)")
+            raise UserError(f"partial_rotary_factor={factor!r} is not supported (RoPE on the whole head only)")
     return float(params.get("rope_theta", hf.get("rope_theta", default)))
 
 
@@ -102,8 +103,8 @@ def _qwen2_window(hf: dict, n_layers: int):
     if set(types) == {"full_attention"}:
         return None
     if set(types) != {"sliding_attention"}:
-        raise ValueError(f"use_sliding_window with max_window_layers={hf['max_window_layers']} (layer_types "
-                         f"{types}) is not supported: GPT applies one sliding window to every layer or none")
+        raise UserError(f"use_sliding_window with max_window_layers={hf['max_window_layers']} (layer_types "
+                        f"{types}) is not supported: GPT applies one sliding window to every layer or none")
     return hf["sliding_window"]
 
 
@@ -111,16 +112,16 @@ def _rope_fields(arch: str, hf: dict) -> dict:
     d, n_layers, heads, d_ff = _need(hf, "hidden_size", "num_hidden_layers", "num_attention_heads",
                                      "intermediate_size")
     if hf.get("head_dim") not in (None, d // heads):
-        raise ValueError(f"head_dim={hf['head_dim']} differs from hidden_size / num_attention_heads = "
-                         f"{d // heads}; GPT has no separate head_dim")
+        raise UserError(f"head_dim={hf['head_dim']} differs from hidden_size / num_attention_heads = "
+                        f"{d // heads}; GPT has no separate head_dim")
     if hf["hidden_act"] not in ("silu", "swish"):
-        raise ValueError(f"hidden_act={hf['hidden_act']!r} is not supported for {arch} (the gated MLP must be "
-                         f"SwiGLU: 'silu')")
+        raise UserError(f"hidden_act={hf['hidden_act']!r} is not supported for {arch} (the gated MLP must be "
+                        f"SwiGLU: 'silu')")
     bias, qkv_bias = False, None
     if arch == LLAMA:
         if bool(hf["attention_bias"]) != bool(hf["mlp_bias"]):
-            raise ValueError(f"attention_bias={hf['attention_bias']} with mlp_bias={hf['mlp_bias']} is not "
-                             f"supported (GPT has biases on all linear layers or on none)")
+            raise UserError(f"attention_bias={hf['attention_bias']} with mlp_bias={hf['mlp_bias']} is not "
+                            f"supported (GPT has biases on all linear layers or on none)")
         bias = bool(hf["attention_bias"])
     if arch == QWEN2:
         qkv_bias = True
@@ -144,11 +145,11 @@ def _gpt2_fields(hf: dict) -> dict:
     for name, ok in (("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False),
                      ("add_cross_attention", False)):
         if bool(hf[name]) != ok:
-            raise ValueError(f"{name}={hf[name]} is not supported for GPT2LMHeadModel (only {ok})")
+            raise UserError(f"{name}={hf[name]} is not supported for GPT2LMHeadModel (only {ok})")
     act = GPT2_ACTIVATIONS.get(hf["activation_function"])
     if act is None:
-        raise ValueError(f"activation_function={hf['activation_function']!r} is not supported; supported: "
-                         f"{', '.join(GPT2_ACTIVATIONS)}")
+        raise UserError(f"activation_function={hf['activation_function']!r} is not supported; supported: "
+                        f"{', '.join(GPT2_ACTIVATIONS)}")
     return dict(vocab_size=vocab, d_model=d, n_layers=n_layers, n_heads=heads, d_ff=hf["n_inner"] or 4 * d,
                 max_seq_len=hf["n_positions"], positions="learned", norm="layernorm",
                 norm_eps=hf["layer_norm_epsilon"], activation=act, bias=True)
@@ -172,7 +173,7 @@ def gpt_config_from_hf(hf: dict) -> tuple[str, GPTConfig]:
     try:
         return arch, GPTConfig(**fields)
     except ValueError as err:
-        raise ValueError(f"config.json ({arch}) maps to an invalid GPTConfig: {err}") from None
+        raise UserError(f"config.json ({arch}) maps to an invalid GPTConfig: {err}") from None
 
 
 def architecture_for(cfg: GPTConfig) -> str:
@@ -182,7 +183,7 @@ def architecture_for(cfg: GPTConfig) -> str:
         ValueError: naming the option (or combination) that has no Hugging Face equivalent.
     """
     def no(what: str):
-        raise ValueError(f"{what} has no Hugging Face equivalent among {', '.join(ARCHITECTURES)}")
+        raise UserError(f"{what} has no Hugging Face equivalent among {', '.join(ARCHITECTURES)}")
 
     if cfg.norm_position != "pre":
         no(f"norm_position={cfg.norm_position!r} (Post-LN)")
@@ -198,7 +199,7 @@ def architecture_for(cfg: GPTConfig) -> str:
         # mix of q/k/v biases and no others has no GPT-2 form.
         for ok, what in ((cfg.bias == qkv_bias, f"bias={cfg.bias}, qkv_bias={cfg.qkv_bias} with learned "
                                                 f"positions (GPT-2 has all biases or, written as zeros, none)"),
-                         (cfg.n_kv_heads == cfg.n_heads, f"n_kv_heads={cfg.n_kv_heads} (GQA) with learned positions"),
+                         (cfg.kv_heads == cfg.n_heads, f"n_kv_heads={cfg.kv_heads} (GQA) with learned positions"),
                          (cfg.sliding_window is None, f"sliding_window={cfg.sliding_window} with learned positions"),
                          (cfg.n_experts == 0, f"n_experts={cfg.n_experts} with learned positions")):
             if not ok:
@@ -238,12 +239,12 @@ def hf_config_for(cfg: GPTConfig, dtype: torch.dtype = torch.float32) -> dict:
     if arch == GPT2:
         act = {v: k for k, v in GPT2_ACTIVATIONS.items() if k != "gelu_pytorch_tanh"}[cfg.activation]
         return {**common, "n_embd": cfg.d_model, "n_layer": cfg.n_layers, "n_head": cfg.n_heads,
-                "n_inner": cfg.d_ff, "n_positions": cfg.max_seq_len, "activation_function": act,
+                "n_inner": cfg.ffn_dim, "n_positions": cfg.max_seq_len, "activation_function": act,
                 "layer_norm_epsilon": cfg.norm_eps, "resid_pdrop": cfg.dropout, "embd_pdrop": cfg.dropout,
                 "attn_pdrop": cfg.attention_dropout, "scale_attn_weights": True}
     out = {**common, "hidden_size": cfg.d_model, "num_hidden_layers": cfg.n_layers,
-           "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads,
-           "intermediate_size": cfg.d_ff, "hidden_act": "silu", "max_position_embeddings": cfg.max_seq_len,
+           "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.kv_heads,
+           "intermediate_size": cfg.ffn_dim, "hidden_act": "silu", "max_position_embeddings": cfg.max_seq_len,
            "rms_norm_eps": cfg.norm_eps, "rope_theta": cfg.rope_theta,
            "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
            "attention_dropout": cfg.attention_dropout}

@@ -40,6 +40,7 @@ from pathlib import Path
 import torch
 
 from attnlab import jsonfile
+from attnlab.errors import UserError
 from attnlab.files import atomic_directory
 from attnlab.interop.hf import check_replaceable, tokenizer_config
 from attnlab.interop.safetensors_dir import SINGLE, read_tensors, weight_files
@@ -70,19 +71,19 @@ def mamba_config_from_hf(hf: dict) -> MambaConfig:
     """
     archs, model_type = hf.get("architectures"), hf.get("model_type")
     if archs not in (None, [ARCHITECTURE]) or (archs is None and model_type != MODEL_TYPE):
-        raise ValueError(f"config.json is not a {ARCHITECTURE} (architectures={archs!r}, model_type={model_type!r})")
+        raise UserError(f"config.json is not a {ARCHITECTURE} (architectures={archs!r}, model_type={model_type!r})")
     hf = {**HF_DEFAULTS, **{k: v for k, v in hf.items() if v is not None or k.endswith("token_id")}}
     missing = [k for k in ("vocab_size", "hidden_size", "num_hidden_layers") if not isinstance(hf.get(k), int)]
     if missing:
-        raise ValueError(f"config.json lacks the integer size field(s) {missing}")
+        raise UserError(f"config.json lacks the integer size field(s) {missing}")
     if hf["hidden_act"] not in _ACTIVATIONS:
-        raise ValueError(f"hidden_act={hf['hidden_act']!r} is not supported (the Mamba block uses SiLU)")
+        raise UserError(f"hidden_act={hf['hidden_act']!r} is not supported (the Mamba block uses SiLU)")
     expand, d = hf["expand"], hf["hidden_size"]
     if not isinstance(expand, (int, float)) or isinstance(expand, bool) or expand != int(expand):
-        raise ValueError(f"expand={expand!r} is not supported (an integer; MambaConfig.expand is an int)")
+        raise UserError(f"expand={expand!r} is not supported (an integer; MambaConfig.expand is an int)")
     if hf.get("intermediate_size", int(expand * d)) != int(expand * d):
-        raise ValueError(f"intermediate_size={hf['intermediate_size']} differs from expand · hidden_size = "
-                         f"{int(expand * d)}")
+        raise UserError(f"intermediate_size={hf['intermediate_size']} differs from expand · hidden_size = "
+                        f"{int(expand * d)}")
     fields = dict(vocab_size=hf["vocab_size"], d_model=d, n_layers=hf["num_hidden_layers"], d_state=hf["state_size"],
                   d_conv=hf["conv_kernel"], expand=int(expand), dt_rank=hf["time_step_rank"],
                   dt_min=hf["time_step_min"], dt_max=hf["time_step_max"], dt_init_floor=hf["time_step_floor"],
@@ -94,7 +95,7 @@ def mamba_config_from_hf(hf: dict) -> MambaConfig:
     try:
         return MambaConfig(**fields)
     except ValueError as err:
-        raise ValueError(f"config.json ({ARCHITECTURE}) maps to an invalid MambaConfig: {err}") from None
+        raise UserError(f"config.json ({ARCHITECTURE}) maps to an invalid MambaConfig: {err}") from None
 
 
 def hf_mamba_config(cfg: MambaConfig, dtype: torch.dtype = torch.float32) -> dict:
@@ -107,7 +108,7 @@ def hf_mamba_config(cfg: MambaConfig, dtype: torch.dtype = torch.float32) -> dic
     return dict(architectures=[ARCHITECTURE], model_type=MODEL_TYPE, vocab_size=cfg.vocab_size,
                 hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers, state_size=cfg.d_state,
                 conv_kernel=cfg.d_conv, expand=cfg.expand, intermediate_size=cfg.d_inner,
-                time_step_rank=cfg.dt_rank, time_step_min=cfg.dt_min, time_step_max=cfg.dt_max,
+                time_step_rank=cfg.delta_rank, time_step_min=cfg.dt_min, time_step_max=cfg.dt_max,
                 time_step_floor=cfg.dt_init_floor, time_step_scale=cfg.dt_scale,
                 time_step_init_scheme=cfg.dt_init, use_conv_bias=cfg.conv_bias, use_bias=cfg.bias,
                 hidden_act="silu", layer_norm_epsilon=cfg.norm_eps, residual_in_fp32=cfg.residual_in_fp32,
@@ -143,7 +144,7 @@ def _normalize(tensors: dict[str, torch.Tensor], tie: bool) -> dict[str, torch.T
     if tie and "lm_head.weight" in tensors and embed is not None:
         head = tensors.pop("lm_head.weight")
         if head.shape != embed.shape or not torch.equal(head, embed):
-            raise ValueError("tie_word_embeddings is true but lm_head.weight differs from the token embeddings")
+            raise UserError("tie_word_embeddings is true but lm_head.weight differs from the token embeddings")
     return tensors
 
 
@@ -194,8 +195,8 @@ def save_mamba_hf(model: Mamba, out_dir, tokenizer=None) -> None:
         raise TypeError(f"save_mamba_hf takes an attnlab Mamba, got {type(model).__name__}")
     cfg = model.cfg
     if tokenizer is not None and tokenizer.vocab_size > cfg.vocab_size:
-        raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is "
-                         f"{cfg.vocab_size}")
+        raise UserError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is "
+                        f"{cfg.vocab_size}")
     tensors = {k: v.cpu() for k, v in to_hf(model.state_dict(), cfg.tie_embeddings).items()}
     out = Path(out_dir)
     check_replaceable(out)

@@ -21,6 +21,7 @@ from typing import Iterable
 
 import torch
 
+from attnlab.errors import UserError
 from attnlab.interop.hf_config import GPT2, MIXTRAL
 
 _L = r"layers\.(\d+)\."
@@ -149,7 +150,7 @@ def normalize(arch: str, tensors: dict[str, torch.Tensor], tie: bool) -> dict[st
     if tie and "lm_head.weight" in tensors and embed in tensors:
         head = tensors.pop("lm_head.weight")
         if head.shape != tensors[embed].shape or not torch.equal(head, tensors[embed]):
-            raise ValueError("tie_word_embeddings is true but lm_head.weight differs from the token embeddings")
+            raise UserError("tie_word_embeddings is true but lm_head.weight differs from the token embeddings")
     return tensors
 
 
@@ -171,4 +172,4 @@ def check_tensors(expected: dict[str, tuple], found: dict[str, tuple], where: st
     parts = [f"{label}: {_listing(items)}" for label, items in (("missing tensors", missing),
              ("unexpected tensors", unexpected), ("wrong shapes", shaped)) if items]
     if parts:
-        raise ValueError(f"{where} does not match its config.json; " + "; ".join(parts))
+        raise UserError(f"{where} does not match its config.json; " + "; ".join(parts))

@@ -6,6 +6,7 @@ from pathlib import Path
 import torch
 
 from attnlab import jsonfile, tensorfile
+from attnlab.errors import UserError
 
 SINGLE, INDEX = "model.safetensors", "model.safetensors.index.json"
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle", ".bin.index.json")
@@ -14,9 +15,9 @@ _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle", ".bin.ind
 def _refuse_pickles(names: list[str], where: Path) -> None:
     pickles = sorted(n for n in names if n.endswith(_PICKLE_SUFFIXES))
     if pickles:
-        raise ValueError(f"{where} holds pickled weights ({', '.join(pickles)}) and no {SINGLE}; attnlab never "
-                         f"unpickles weights: convert them to safetensors first (e.g. transformers' "
-                         f"save_pretrained(..., safe_serialization=True) where you trust the file)")
+        raise UserError(f"{where} holds pickled weights ({', '.join(pickles)}) and no {SINGLE}; attnlab never "
+                        f"unpickles weights: convert them to safetensors first (e.g. transformers' "
+                        f"save_pretrained(..., safe_serialization=True) where you trust the file)")
 
 
 def weight_files(folder: Path) -> list[Path]:
@@ -31,7 +32,7 @@ def weight_files(folder: Path) -> list[Path]:
     folder = Path(folder)
     if folder.is_file():
         _refuse_pickles([folder.name], folder.parent)
-        raise ValueError(f"{folder} is a file; a model is loaded from the directory that holds config.json")
+        raise UserError(f"{folder} is a file; a model is loaded from the directory that holds config.json")
     if not folder.is_dir():
         raise FileNotFoundError(f"no model directory at {folder}")
     if (folder / SINGLE).is_file():
@@ -41,12 +42,12 @@ def weight_files(folder: Path) -> list[Path]:
         raise FileNotFoundError(f"no {SINGLE} or {INDEX} in {folder}")
     weight_map = jsonfile.read_json(folder / INDEX).get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
-        raise ValueError(f"{folder / INDEX} has no weight_map")
+        raise UserError(f"{folder / INDEX} has no weight_map")
     names = sorted(set(map(str, weight_map.values())))
     _refuse_pickles(names, folder / INDEX)
     bad = [n for n in names if not n.endswith(".safetensors") or Path(n).name != n]
     if bad:
-        raise ValueError(f"{folder / INDEX} names files that are not safetensors shards in {folder}: {bad}")
+        raise UserError(f"{folder / INDEX} names files that are not safetensors shards in {folder}: {bad}")
     missing = [n for n in names if not (folder / n).is_file()]
     if missing:
         raise FileNotFoundError(f"{folder / INDEX} names missing shard(s) {missing}")
@@ -65,7 +66,7 @@ def read_tensors(files: list[Path]) -> dict[str, torch.Tensor]:
         part = tensorfile.read_tensors(path)
         twice = sorted(tensors.keys() & part.keys())
         if twice:
-            raise ValueError(f"tensor(s) {twice[:5]} appear in more than one shard (again in {path.name})")
+            raise UserError(f"tensor(s) {twice[:5]} appear in more than one shard (again in {path.name})")
         tensors.update(part)
     return tensors
 

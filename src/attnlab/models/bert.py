@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.config import Config, check, check_literals
+from attnlab.errors import UserError
 from attnlab.models.base import Model
 from attnlab.nn.blocks import encoder_layer
 from attnlab.nn.mlp import ACTIVATIONS
@@ -30,7 +31,7 @@ class BertConfig(Config):
     d_model: int = 768                # hidden size H
     n_layers: int = 12                # encoder layers L
     n_heads: int = 12                 # attention heads A; d_model % n_heads == 0
-    d_ff: Optional[int] = None        # FFN hidden size; None = 4 * d_model
+    d_ff: Optional[int] = None        # FFN hidden size; None = 4 * d_model (read ffn_dim)
     max_seq_len: int = 512            # rows of the learned position table
     type_vocab_size: int = 2          # segments (sentence A / B)
     activation: Literal["gelu", "gelu_tanh", "relu"] = "gelu"  # FFN non-linearity
@@ -45,10 +46,10 @@ class BertConfig(Config):
     mask_id: Optional[int] = None
 
     def __post_init__(self):
-        if self.d_ff is None:
-            self.d_ff = 4 * self.d_model
         check_literals(self)
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_seq_len", "type_vocab_size",
+        check(self.d_ff is None or (isinstance(self.d_ff, int) and self.d_ff > 0), "d_ff", "None or a positive integer",
+              self.d_ff)
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len", "type_vocab_size",
                      "n_labels"):
             value = getattr(self, name)
             check(isinstance(value, int) and value > 0, name, "a positive integer", value)
@@ -61,6 +62,11 @@ class BertConfig(Config):
             value = getattr(self, name)
             check(value is None and name != "pad_id" or value is not None and 0 <= value < self.vocab_size, name,
                    f"in [0, vocab_size={self.vocab_size})", value)
+
+    @property
+    def ffn_dim(self) -> int:
+        """The FFN's hidden size: d_ff, or 4·D when it is None."""
+        return 4 * self.d_model if self.d_ff is None else self.d_ff
 
     @property
     def head_dim(self) -> int:
@@ -88,7 +94,7 @@ class Bert(Model):
         self.embed_norm = nn.LayerNorm(d, eps=cfg.norm_eps)
         self.dropout = nn.Dropout(cfg.dropout)
         self.layers = nn.ModuleList(
-            encoder_layer(d_model=d, n_heads=cfg.n_heads, d_ff=cfg.d_ff, activation=cfg.activation, norm_position="post",
+            encoder_layer(d_model=d, n_heads=cfg.n_heads, d_ff=cfg.ffn_dim, activation=cfg.activation, norm_position="post",
                           dropout=cfg.dropout, attention_dropout=cfg.attention_dropout, norm_eps=cfg.norm_eps,
                           impl=cfg.attention_impl) for _ in range(cfg.n_layers))
         self.pooler = nn.Linear(d, d)
@@ -122,7 +128,7 @@ class Bert(Model):
         """
         b, s = input_ids.shape
         if s > self.cfg.max_seq_len:
-            raise ValueError(f"sequence of {s} tokens exceeds max_seq_len={self.cfg.max_seq_len}")
+            raise UserError(f"sequence of {s} tokens exceeds max_seq_len={self.cfg.max_seq_len}")
         if attention_mask is None:
             attention_mask = input_ids != self.cfg.pad_id
         if token_type_ids is None:

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from attnlab.config import Config, check, check_literals
+from attnlab.errors import UserError
 from attnlab.models.base import Model
 from attnlab.nn.attention import MultiHeadAttention
 from attnlab.nn.blocks import TransformerLayer
@@ -44,8 +45,8 @@ class GPTConfig(Config):
     d_model: int = 768                # model width D
     n_layers: int = 12                # decoder blocks
     n_heads: int = 12                 # query heads H; d_model % n_heads == 0
-    n_kv_heads: Optional[int] = None  # key/value heads K (None = H: MHA; 1: MQA; else GQA); H % K == 0
-    d_ff: Optional[int] = None        # FFN (or each expert's) hidden size; None = 4·D, or 8/3·D for SwiGLU
+    n_kv_heads: Optional[int] = None  # key/value heads K (None = H: MHA; 1: MQA; else GQA); H % K == 0; read kv_heads
+    d_ff: Optional[int] = None        # FFN (or each expert's) hidden size; None = 4·D, or 8/3·D for SwiGLU; read ffn_dim
     max_seq_len: int = 1024           # context length; learned/sinusoidal tables have this many rows
     positions: Literal["learned", "sinusoidal", "rope"] = "learned"  # absolute (GPT) or rotary (LLaMA)
     rope_theta: float = 10000.0       # RoPE base θ
@@ -68,16 +69,15 @@ class GPTConfig(Config):
     eos_id: Optional[int] = None      # generation stops at this token by default
 
     def __post_init__(self):
-        if self.n_kv_heads is None:
-            self.n_kv_heads = self.n_heads
-        if self.d_ff is None:
-            self.d_ff = _swiglu_d_ff(self.d_model) if self.activation == "swiglu" else 4 * self.d_model
         check_literals(self)
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_seq_len"):
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len"):
             value = getattr(self, name)
             check(isinstance(value, int) and value > 0, name, "a positive integer", value)
+        for name in ("n_kv_heads", "d_ff"):
+            value = getattr(self, name)
+            check(value is None or (isinstance(value, int) and value > 0), name, "None or a positive integer", value)
         check(self.d_model % self.n_heads == 0, "d_model", f"divisible by n_heads={self.n_heads}", self.d_model)
-        check(self.n_heads % self.n_kv_heads == 0, "n_kv_heads", f"a divisor of n_heads={self.n_heads}",
+        check(self.n_heads % self.kv_heads == 0, "n_kv_heads", f"a divisor of n_heads={self.n_heads}",
                self.n_kv_heads)
         if self.positions == "rope":
             check(self.head_dim % 2 == 0, "d_model / n_heads", "even for RoPE (head dim)", self.head_dim)
@@ -104,6 +104,19 @@ class GPTConfig(Config):
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
 
+    @property
+    def kv_heads(self) -> int:
+        """K, the key/value heads: n_kv_heads, or n_heads (multi-head attention) when it is None."""
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def ffn_dim(self) -> int:
+        """The FFN's (or each expert's) hidden size: d_ff, or when None 4·D (8/3·D rounded up to a
+        multiple of 32 for SwiGLU, LLaMA's)."""
+        if self.d_ff is not None:
+            return self.d_ff
+        return _swiglu_d_ff(self.d_model) if self.activation == "swiglu" else 4 * self.d_model
+
     @classmethod
     def from_name(cls, name: str, **overrides) -> "GPTConfig":
         """A preset style with `overrides` on top (sizes, or any field).
@@ -117,7 +130,7 @@ class GPTConfig(Config):
             ValueError: for an unknown name (listing the presets) or an invalid field.
         """
         if name not in GPT_PRESETS:
-            raise ValueError(f"unknown GPT preset {name!r}; known presets: {', '.join(GPT_PRESETS)}")
+            raise UserError(f"unknown GPT preset {name!r}; known presets: {', '.join(GPT_PRESETS)}")
         fields_ = {**GPT_PRESETS[name], **overrides}
         if name != "gpt2" and "n_kv_heads" not in overrides:
             heads = fields_.get("n_heads", cls.n_heads)
@@ -140,12 +153,12 @@ def _decoder_block(cfg: GPTConfig) -> TransformerLayer:
     """One GPT/LLaMA block: masked self-attention (MHA/GQA, RoPE applied by the model) then an FFN or a
     mixture of experts, with cfg's norm, norm position and biases."""
     d = cfg.d_model
-    attn = MultiHeadAttention(d, cfg.n_heads, n_kv_heads=cfg.n_kv_heads, dropout=cfg.attention_dropout, bias=cfg.bias,
+    attn = MultiHeadAttention(d, cfg.n_heads, n_kv_heads=cfg.kv_heads, dropout=cfg.attention_dropout, bias=cfg.bias,
                               impl=cfg.attention_impl, qkv_bias=cfg.qkv_bias)
     if cfg.n_experts:
-        ffn = MixtureOfExperts(d, cfg.d_ff, cfg.n_experts, cfg.moe_top_k, cfg.activation, bias=cfg.bias)
+        ffn = MixtureOfExperts(d, cfg.ffn_dim, cfg.n_experts, cfg.moe_top_k, cfg.activation, bias=cfg.bias)
     else:
-        ffn = make_ffn(d, cfg.d_ff, cfg.activation, bias=cfg.bias)
+        ffn = make_ffn(d, cfg.ffn_dim, cfg.activation, bias=cfg.bias)
     return TransformerLayer(self_attn=attn, ffn=ffn, attn_norm=make_norm(cfg.norm, d, cfg.norm_eps, cfg.bias),
                             ffn_norm=make_norm(cfg.norm, d, cfg.norm_eps, cfg.bias), norm_position=cfg.norm_position,
                             dropout=cfg.dropout)
@@ -214,7 +227,7 @@ _decoder_block(cfg) for _ in range(cfg.n_layers))
         window = self.cfg.sliding_window
         capacity = min(max_len, 2 * window) if window is not None else max_len
         window = window if window is not None and window < capacity else None
-        self.caches = [KVCache(batch_size, self.cfg.n_kv_heads, capacity, self.cfg.head_dim, dtype or p.dtype,
+        self.caches = [KVCache(batch_size, self.cfg.kv_heads, capacity, self.cfg.head_dim, dtype or p.dtype,
                                p.device, window) for _ in self.layers]
 
     def clear_kv_cache(self) -> None:
@@ -246,8 +259,8 @@ _decoder_block(cfg) for _ in range(cfg.n_layers))
         if self.cfg.positions == "rope":
             return x, self.rotary(position_ids, x.dtype)
         if int(position_ids.max()) >= self.cfg.max_seq_len:
-            raise ValueError(f"position {int(position_ids.max())} is past max_seq_len={self.cfg.max_seq_len} "
-                             f"({self.cfg.positions} positions have no row for it)")
+            raise UserError(f"position {int(position_ids.max())} is past max_seq_len={self.cfg.max_seq_len} "
+                            f"({self.cfg.positions} positions have no row for it)")
         if self.cfg.positions == "learned":
             return x + self.embed_positions(position_ids), None
         return x + self.position_table[position_ids].to(x.dtype), None
@@ -272,7 +285,7 @@ _decoder_block(cfg) for _ in range(cfg.n_layers))
                 would overflow, or logits_to_keep is negative.
         """
         if logits_to_keep < 0:
-            raise ValueError(f"logits_to_keep must be >= 0 (0 = every position), got {logits_to_keep}")
+            raise UserError(f"logits_to_keep must be >= 0 (0 = every position), got {logits_to_keep}")
         b, t = input_ids.shape
         offset = self.caches[0].length if self.caches else 0
         if self.caches:

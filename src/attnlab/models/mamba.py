@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from attnlab.config import Config, check, check_literals
+from attnlab.errors import UserError
 from attnlab.models.base import Model
 from attnlab.nn.mamba_block import MambaLayer, MambaState
 from attnlab.nn.norm import RMSNorm
@@ -41,7 +42,7 @@ class MambaConfig(Config):
     d_state: int = 16                 # SSM state size N per channel
     d_conv: int = 4                   # width K of the causal depthwise convolution
     expand: int = 2                   # inner width Di = expand · d_model
-    dt_rank: Union[int, Literal["auto"]] = "auto"  # rank R of the Δ projection; "auto" = ceil(d_model / 16)
+    dt_rank: Union[int, Literal["auto"]] = "auto"  # rank R of the Δ projection; "auto" = ceil(d_model / 16); read delta_rank
     dt_min: float = 0.001             # Δ at initialisation is log-uniform in [dt_min, dt_max]
     dt_max: float = 0.1
     dt_init_floor: float = 1e-4       # ... and at least dt_init_floor
@@ -67,8 +68,6 @@ class MambaConfig(Config):
         check(self.dt_rank == "auto" or (isinstance(self.dt_rank, int) and not isinstance(self.dt_rank, bool)
                                          and self.dt_rank > 0), "dt_rank", "'auto' or a positive integer",
               self.dt_rank)
-        if self.dt_rank == "auto":
-            self.dt_rank = math.ceil(self.d_model / 16)
         check(self.dt_min > 0, "dt_min", "> 0", self.dt_min)
         check(self.dt_max >= self.dt_min, "dt_max", f">= dt_min={self.dt_min}", self.dt_max)
         check(self.dt_init_floor >= 0, "dt_init_floor", ">= 0", self.dt_init_floor)
@@ -83,6 +82,11 @@ class MambaConfig(Config):
     @property
     def d_inner(self) -> int:
         return self.expand * self.d_model
+
+    @property
+    def delta_rank(self) -> int:
+        """R, the rank of the Δ projection: dt_rank, or ceil(d_model / 16) for "auto" (the paper's code)."""
+        return math.ceil(self.d_model / 16) if self.dt_rank == "auto" else self.dt_rank
 
 
 @dataclass
@@ -109,7 +113,7 @@ class Mamba(Model):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.layers = nn.ModuleList(
             MambaLayer(d_model=cfg.d_model, norm_eps=cfg.norm_eps, residual_in_fp32=cfg.residual_in_fp32,
-                       d_state=cfg.d_state, d_conv=cfg.d_conv, expand=cfg.expand, dt_rank=cfg.dt_rank,
+                       d_state=cfg.d_state, d_conv=cfg.d_conv, expand=cfg.expand, dt_rank=cfg.delta_rank,
                        dt_min=cfg.dt_min, dt_max=cfg.dt_max, dt_init_floor=cfg.dt_init_floor, dt_scale=cfg.dt_scale,
                        dt_init=cfg.dt_init, conv_bias=cfg.conv_bias, bias=cfg.bias)
             for _ in range(cfg.n_layers))
@@ -179,18 +183,18 @@ class Mamba(Model):
                 the input, or a state set up for another batch size.
         """
         if need_weights:
-            raise ValueError("a Mamba model has no attention weights (need_weights=True is for attention models)")
+            raise UserError("a Mamba model has no attention weights (need_weights=True is for attention models)")
         if logits_to_keep < 0:
-            raise ValueError(f"logits_to_keep must be >= 0 (0 = every position), got {logits_to_keep}")
+            raise UserError(f"logits_to_keep must be >= 0 (0 = every position), got {logits_to_keep}")
         b, t = input_ids.shape
         mask = None
         if attention_mask is not None:
             if attention_mask.size(-1) < t:
-                raise ValueError(f"attention_mask covers {attention_mask.size(-1)} positions, fewer than the "
-                                 f"{t} new tokens")
+                raise UserError(f"attention_mask covers {attention_mask.size(-1)} positions, fewer than the "
+                                f"{t} new tokens")
             mask = attention_mask[:, -t:]                                   # (B, T)
         if self.states is not None and self.states[0].ssm.size(0) != b:
-            raise ValueError(f"the state was set up for {self.states[0].ssm.size(0)} sequences, got {b}")
+            raise UserError(f"the state was set up for {self.states[0].ssm.size(0)} sequences, got {b}")
         x = self.embed_tokens(input_ids)                                    # (B, T, D)
         for i, layer in enumerate(self.layers):
             x = layer(x, mask, None if self.states is None else self.states[i])

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from attnlab.config import Config, check, check_literals
+from attnlab.errors import UserError
 from attnlab.models.base import Model
 from attnlab.nn.attention import MultiHeadAttention
 from attnlab.nn.blocks import TransformerLayer
@@ -33,7 +34,7 @@ class Seq2SeqConfig(Config):
     n_heads: int = 8                  # attention heads H; d_model % n_heads == 0
     n_encoder_layers: int = 6         # N encoder layers
     n_decoder_layers: int = 6         # N decoder layers
-    d_ff: Optional[int] = None        # FFN hidden size; None = 4 * d_model
+    d_ff: Optional[int] = None        # FFN hidden size; None = 4 * d_model (read ffn_dim)
     dropout: float = 0.1              # P_drop on sublayer outputs and embedding sums (paper §5.4)
     attention_dropout: float = 0.0    # dropout on attention weights (not in the paper)
     norm_position: Literal["post", "pre"] = "post"  # Post-LN (paper) or Pre-LN (modern)
@@ -46,10 +47,10 @@ class Seq2SeqConfig(Config):
     eos_id: int = 2
 
     def __post_init__(self):
-        if self.d_ff is None:
-            self.d_ff = 4 * self.d_model
         check_literals(self)
-        for name in ("vocab_size", "d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "d_ff",
+        check(self.d_ff is None or (isinstance(self.d_ff, int) and self.d_ff > 0), "d_ff", "None or a positive integer",
+              self.d_ff)
+        for name in ("vocab_size", "d_model", "n_heads", "n_encoder_layers", "n_decoder_layers",
                      "max_seq_len"):
             check(isinstance(getattr(self, name), int) and getattr(self, name) > 0, name,
                    "a positive integer", getattr(self, name))
@@ -65,6 +66,11 @@ class Seq2SeqConfig(Config):
                self.bos_id)
 
     @property
+    def ffn_dim(self) -> int:
+        """The FFN's hidden size: d_ff, or 4·D when it is None."""
+        return 4 * self.d_model if self.d_ff is None else self.d_ff
+
+    @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
 
@@ -76,7 +82,7 @@ def _layer(cfg: Seq2SeqConfig, cross: bool) -> TransformerLayer:
         return MultiHeadAttention(cfg.d_model, cfg.n_heads, dropout=cfg.attention_dropout, impl=cfg.attention_impl)
 
     return TransformerLayer(self_attn=attention(), cross_attn=attention() if cross else None,
-                            ffn=FeedForward(cfg.d_model, cfg.d_ff, cfg.activation),
+                            ffn=FeedForward(cfg.d_model, cfg.ffn_dim, cfg.activation),
                             attn_norm=nn.LayerNorm(cfg.d_model),
                             cross_attn_norm=nn.LayerNorm(cfg.d_model) if cross else None,
                             ffn_norm=nn.LayerNorm(cfg.d_model), norm_position=cfg.norm_position, dropout=cfg.dropout)
@@ -146,7 +152,7 @@ class Seq2SeqTransformer(Model):
 
     def _check_length(self, tokens: torch.Tensor, what: str) -> None:
         if tokens.size(1) > self.cfg.max_seq_len:
-            raise ValueError(f"{what} of {tokens.size(1)} tokens exceeds max_seq_len={self.cfg.max_seq_len}")
+            raise UserError(f"{what} of {tokens.size(1)} tokens exceeds max_seq_len={self.cfg.max_seq_len}")
 
     def encode(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Run the encoder.
@@ -190,7 +196,7 @@ class Seq2SeqTransformer(Model):
         """
         offset = 0 if state is None else state.length
         if offset + tgt_in.size(1) > self.cfg.max_seq_len:
-            raise ValueError(f"target of {offset + tgt_in.size(1)} tokens exceeds max_seq_len={self.cfg.max_seq_len}")
+            raise UserError(f"target of {offset + tgt_in.size(1)} tokens exceeds max_seq_len={self.cfg.max_seq_len}")
         self_mask = causal_mask(tgt_in.size(1), tgt_in.device, offset)  # (1, 1, T, offset + T)
         if state is None:
             self_mask = self_mask & padding_mask(tgt_in, self.cfg.pad_id)  # (B, 1, T, T)

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.config import Config, check, check_literals
+from attnlab.errors import UserError
 from attnlab.models.base import Model
 from attnlab.nn.blocks import encoder_layer
 
@@ -32,17 +33,17 @@ class ViTConfig(Config):
     d_model: int = 768                # hidden size D
     n_layers: int = 12                # encoder layers
     n_heads: int = 12                 # attention heads; d_model % n_heads == 0
-    d_ff: Optional[int] = None        # MLP hidden size; None = 4 * d_model
+    d_ff: Optional[int] = None        # MLP hidden size; None = 4 * d_model (read ffn_dim)
     dropout: float = 0.0              # on embeddings and sublayer outputs
     attention_dropout: float = 0.0    # on attention weights
     norm_eps: float = 1e-6            # LayerNorm ε (ViT's)
     attention_impl: Literal["sdpa", "math"] = "sdpa"  # fused kernel or explicit math
 
     def __post_init__(self):
-        if self.d_ff is None:
-            self.d_ff = 4 * self.d_model
         check_literals(self)
-        for name in ("image_size", "patch_size", "in_channels", "n_classes", "d_model", "n_layers", "n_heads", "d_ff"):
+        check(self.d_ff is None or (isinstance(self.d_ff, int) and self.d_ff > 0), "d_ff", "None or a positive integer",
+              self.d_ff)
+        for name in ("image_size", "patch_size", "in_channels", "n_classes", "d_model", "n_layers", "n_heads"):
             value = getattr(self, name)
             check(isinstance(value, int) and value > 0, name, "a positive integer", value)
         check(self.image_size % self.patch_size == 0, "image_size", f"divisible by patch_size={self.patch_size}",
@@ -52,6 +53,11 @@ class ViTConfig(Config):
             check(0.0 <= getattr(self, name) < 1.0, name, "in [0, 1)", getattr(self, name))
 
     @property
+    def ffn_dim(self) -> int:
+        """The FFN's hidden size: d_ff, or 4·D when it is None."""
+        return 4 * self.d_model if self.d_ff is None else self.d_ff
+
+    @property
     def grid(self) -> int:
         """Patches per side at the training size."""
         return self.image_size // self.patch_size
@@ -59,9 +65,9 @@ class ViTConfig(Config):
 
 def _check_divisible(h: int, w: int, patch_size: int) -> None:
     if h <= 0 or w <= 0:
-        raise ValueError(f"image size {h}×{w} is empty (at least one {patch_size}×{patch_size} patch is needed)")
+        raise UserError(f"image size {h}×{w} is empty (at least one {patch_size}×{patch_size} patch is needed)")
     if h % patch_size or w % patch_size:
-        raise ValueError(f"image size {h}×{w} is not divisible by patch_size {patch_size}")
+        raise UserError(f"image size {h}×{w} is not divisible by patch_size {patch_size}")
 
 
 def patchify(images: torch.Tensor, patch_size: int) -> torch.Tensor:
@@ -101,8 +107,8 @@ def unpatchify(patches: torch.Tensor, patch_size: int, channels: int, height: in
     _check_divisible(height, width, p)
     gh, gw = height // p, width // p
     if n != gh * gw or f != p * p * channels:
-        raise ValueError(f"patches of shape {tuple(patches.shape)} do not make {channels}×{height}×{width} images "
-                         f"with patch_size {p} (expected (B, {gh * gw}, {p * p * channels}))")
+        raise UserError(f"patches of shape {tuple(patches.shape)} do not make {channels}×{height}×{width} images "
+                        f"with patch_size {p} (expected (B, {gh * gw}, {p * p * channels}))")
     x = patches.reshape(b, gh, gw, p, p, channels)  # (B, H/P, W/P, P, P, C)
     x = x.permute(0, 5, 1, 3, 2, 4)  # (B, C, H/P, P, W/P, P)
     return x.reshape(b, channels, height, width)
@@ -127,8 +133,8 @@ def interpolate_positions(pos: torch.Tensor, old_grid: tuple[int, int], new_grid
     """
     (h, w), (h2, w2) = old_grid, new_grid
     if pos.dim() != 3 or pos.size(1) != 1 + h * w:
-        raise ValueError(f"position table of shape {tuple(pos.shape)} does not match a {h}×{w} grid "
-                         f"(expected (1, {1 + h * w}, D))")
+        raise UserError(f"position table of shape {tuple(pos.shape)} does not match a {h}×{w} grid "
+                        f"(expected (1, {1 + h * w}, D))")
     if (h, w) == (h2, w2):
         return pos
     cls, grid = pos[:, :1], pos[:, 1:]
@@ -159,7 +165,7 @@ class VisionTransformer(Model):
         self.pos_embed = nn.Parameter(torch.zeros(1, 1 + cfg.grid * cfg.grid, d))  # E_pos
         self.dropout = nn.Dropout(cfg.dropout)
         self.layers = nn.ModuleList(
-            encoder_layer(d_model=d, n_heads=cfg.n_heads, d_ff=cfg.d_ff, activation="gelu", norm_position="pre",
+            encoder_layer(d_model=d, n_heads=cfg.n_heads, d_ff=cfg.ffn_dim, activation="gelu", norm_position="pre",
                           dropout=cfg.dropout, attention_dropout=cfg.attention_dropout, norm_eps=cfg.norm_eps,
                           impl=cfg.attention_impl) for _ in range(cfg.n_layers))
         self.norm = nn.LayerNorm(d, eps=cfg.norm_eps)
@@ -194,10 +200,10 @@ class VisionTransformer(Model):
                 by patch_size (each naming the values).
         """
         if images.dim() != 4:
-            raise ValueError(f"images must be (B, C, H, W), got shape {tuple(images.shape)}")
+            raise UserError(f"images must be (B, C, H, W), got shape {tuple(images.shape)}")
         b, c, h, w = images.shape
         if c != self.cfg.in_channels:
-            raise ValueError(f"images have {c} channels, the model expects {self.cfg.in_channels}")
+            raise UserError(f"images have {c} channels, the model expects {self.cfg.in_channels}")
         p = self.cfg.patch_size
         _check_divisible(h, w, p)
         x = self.patch_embed(patchify(images, p))  # (B, N, D)

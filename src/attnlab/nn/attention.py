@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnlab.errors import UserError
 from attnlab.nn.kv_cache import KVCache
 from attnlab.nn.linear import Linear
 from attnlab.nn.masks import causal_mask
@@ -41,7 +42,7 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     """
     if is_causal:
         if mask is not None:
-            raise ValueError("pass either a mask or is_causal=True, not both")
+            raise UserError("pass either a mask or is_causal=True, not both")
         if impl != "sdpa" or need_weights:
             mask = causal_mask(q.size(2), q.device)  # (1, 1, T, T) for the explicit path
     visible = None
@@ -91,11 +92,11 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         if d_model % n_heads:
-            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+            raise UserError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
         if n_heads % n_kv_heads:
-            raise ValueError(f"n_heads ({n_heads}) must be divisible by n_kv_heads ({n_kv_heads})")
+            raise UserError(f"n_heads ({n_heads}) must be divisible by n_kv_heads ({n_kv_heads})")
         if impl not in IMPLS:
-            raise ValueError(f"attention impl must be one of {IMPLS}, got {impl!r}")
+            raise UserError(f"attention impl must be one of {IMPLS}, got {impl!r}")
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, d_model // n_heads
         self.dropout, self.impl = dropout, impl
         qkv_bias = bias if qkv_bias is None else qkv_bias

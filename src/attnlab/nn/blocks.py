@@ -21,6 +21,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from attnlab.errors import UserError
 from attnlab.nn.attention import MultiHeadAttention
 from attnlab.nn.kv_cache import KVCache
 from attnlab.nn.mlp import FeedForward
@@ -76,9 +77,9 @@ class TransformerLayer(nn.Module):
                  cross_attn_norm: nn.Module | None = None):
         super().__init__()
         if norm_position not in NORM_POSITIONS:
-            raise ValueError(f"norm_position must be one of {NORM_POSITIONS}, got {norm_position!r}")
+            raise UserError(f"norm_position must be one of {NORM_POSITIONS}, got {norm_position!r}")
         if (cross_attn is None) != (cross_attn_norm is None):
-            raise ValueError("cross_attn and cross_attn_norm go together: pass both or neither")
+            raise UserError("cross_attn and cross_attn_norm go together: pass both or neither")
         # Registration order (sublayers, then norms) fixes the parameter order: the init's random
         # draws and the optimiser's state follow it, so it matches the layers runs were trained with.
         self.self_attn, self.cross_attn, self.ffn = self_attn, cross_attn, ffn

@@ -9,10 +9,12 @@
 // of 4 weight rows × up to 4 x rows shares the loads.
 // Quantized: x is quantized once per 32-block (quant_kernel.h), then each block's 32 int8 products
 // are summed exactly in int32, as in torch.ops.attnlab_quant.linear (same tile code, same result).
-// Rows are split over at::parallel_for in tiles of MR rows; a product smaller than kParallelBytes
-// runs on the calling thread (waking a thread costs more than it saves). Before a quantized tile,
-// the weights of the tile about kPrefetchBytes further on are prefetched: measured on SmolLM2 here,
-// 1.3-2× faster Q8_0 / Q4_1 decoding than the hardware prefetcher alone (fp32: no gain, none done).
+// Rows are split over at::parallel_for in tiles of MR rows; a product smaller than parallel_bytes per
+// thread runs on the calling thread (waking a thread costs more than it saves). Before a tile, the
+// weights of the tile about prefetch_bytes further on are prefetched (quantized: qs; fp32: w): on the
+// Intel host of issue 17, 1.3-2× faster Q8_0 / Q4_1 decoding than the hardware prefetcher alone, no
+// gain for fp32. These distances are a per-machine choice (Tuning, set from nn/cpu_tuning.py, never
+// timed inside a call); they change speed only, never a result.
 // Source: ggml-cpu ggml_vec_dot_f32 / ggml_vec_dot_q8_0_q8_0 (the same split of rows over threads).
 #pragma once
 
@@ -29,9 +31,18 @@ namespace attnlab_decode {
 
 using namespace attnlab_q8;
 
-constexpr int F32 = 3;                      // kinds 0..2 are the Scheme ids (q8_0, q4_0, q4_1)
-constexpr int64_t kParallelBytes = 1 << 15;  // a thread's least share of a product's weight bytes
-constexpr int64_t kPrefetchBytes = 3072;     // how far ahead (in weight bytes) quantized tiles are prefetched
+constexpr int F32 = 3;  // kinds 0..2 are the Scheme ids (q8_0, q4_0, q4_1)
+
+struct Tuning {                     // how products are run here (speed only: every result is the same)
+  int64_t parallel_bytes = 1 << 15;  // a thread's least share of a product's weight bytes
+  int64_t prefetch_q = 3072;         // how far ahead (weight bytes) quantized tiles are prefetched; 0: none
+  int64_t prefetch_f32 = 0;          // the same for fp32 tiles
+};
+
+inline Tuning& tuning() {  // one instance in the extension (an inline function's static)
+  static Tuning t;
+  return t;
+}
 
 struct Linear {  // one (O, I) weight and its bias; the tensors are held so the pointers stay valid
   int kind = F32;
@@ -48,17 +59,58 @@ struct Linear {  // one (O, I) weight and its bias; the tensors are held so the 
   }
 };
 
+inline at::Tensor checked_vector(const at::Tensor& t, int64_t n, const char* what) {
+  TORCH_CHECK(t.dim() == 1 && t.size(0) == n && t.scalar_type() == at::kFloat && t.is_contiguous() && t.is_cpu(),
+              what, " must be a contiguous (", n, ",) float32 CPU tensor");
+  return t;
+}
+
+// A weight (O, I) read in place: kind 0..2 = q8_0 / q4_0 / q4_1 with tensors [qs, d] or [qs, d, m]
+// (nn/quant.py), kind 3 = fp32 with [w]; bias (O,) fp32 or none.
+inline Linear make_linear(int64_t kind, const std::vector<at::Tensor>& tensors, const c10::optional<at::Tensor>& bias) {
+  Linear l;
+  l.kind = (int)kind;
+  if (kind == F32) {
+    TORCH_CHECK(tensors.size() == 1, "an fp32 weight is [w]");
+    l.w = tensors[0];
+    TORCH_CHECK(l.w.dim() == 2 && l.w.scalar_type() == at::kFloat && l.w.is_contiguous() && l.w.is_cpu(),
+                "w must be a contiguous (O, I) float32 CPU tensor");
+    l.out = l.w.size(0), l.in = l.w.size(1), l.wp = l.w.data_ptr<float>();
+  } else {
+    TORCH_CHECK(kind >= 0 && kind <= 2 && tensors.size() == (kind == Q4_1 ? 3u : 2u),
+                "kind must be 0..3; a quantized weight is [qs, d] (q4_1: [qs, d, m])");
+    l.qs = tensors[0], l.d = tensors[1];
+    TORCH_CHECK(l.d.dim() == 2 && l.d.scalar_type() == at::kHalf && l.d.is_contiguous() && l.d.size(1) % 2 == 0 &&
+                l.d.is_cpu(), "d must be a contiguous (O, NB) float16 CPU tensor with NB even");
+    l.out = l.d.size(0), l.in = l.d.size(1) * QK;
+    TORCH_CHECK(l.qs.is_contiguous() && l.qs.element_size() == 1 && l.qs.is_cpu() &&
+                l.qs.numel() == l.out * (kind == Q8_0 ? l.in : l.in / 2), "qs does not match d");
+    l.qsp = (const uint8_t*)l.qs.data_ptr(), l.dp = l.d.data_ptr<at::Half>();
+    if (kind == Q4_1) {
+      l.m = tensors[2];
+      TORCH_CHECK(l.m.is_contiguous() && l.m.sizes() == l.d.sizes() && l.m.scalar_type() == at::kHalf,
+                  "m must match d");
+      l.mp = l.m.data_ptr<at::Half>();
+    }
+  }
+  if (bias.has_value()) {
+    l.bias = checked_vector(*bias, l.out, "bias");
+    l.bp = l.bias.data_ptr<float>();
+  }
+  return l;
+}
+
 struct Tile {  // rows o .. o + rows − 1 of part `part`
   int part;
   int64_t o, rows;
-  const char* qs = nullptr;  // its quantized weight bytes (none for fp32), and how many
-  int64_t bytes = 0, ahead = 0;  // ahead: the tile this many further on is prefetched before it (0: none)
+  const char* w = nullptr;  // its weight bytes (qs, or fp32 rows), and how many
+  int64_t bytes = 0;
 };
 
 struct Group {  // parts of one input, outputs concatenated
   std::vector<Linear> parts;
   std::vector<Tile> tiles;
-  int64_t in = 0, out = 0, grain = 1;
+  int64_t in = 0, out = 0, bytes = 0;
   bool q8 = false, q4 = false;  // which activation quantizations the parts need
 
   void add(Linear l) {
@@ -69,18 +121,15 @@ struct Group {  // parts of one input, outputs concatenated
     q8 |= l.kind == Q8_0;
     q4 |= l.kind == Q4_0 || l.kind == Q4_1;
     const int p = (int)parts.size();
-    const int64_t row_bytes = l.kind == F32 ? 0 : l.kind == Q8_0 ? l.in : l.in / 2;
+    const int64_t row_bytes = l.kind == F32 ? l.in * 4 : l.kind == Q8_0 ? l.in : l.in / 2;
+    const char* base = l.kind == F32 ? (const char*)l.wp : (const char*)l.qsp;
     for (int64_t o = 0; o < l.out;) {
       const int64_t rows = o + MR <= l.out ? MR : 1;
-      Tile t{p, o, rows, (const char*)l.qsp + o * row_bytes, rows * row_bytes, 0};
-      if (t.bytes) t.ahead = std::max<int64_t>(1, (kPrefetchBytes + t.bytes / 2) / t.bytes);
-      tiles.push_back(t);
+      tiles.push_back(Tile{p, o, rows, base + o * row_bytes, rows * row_bytes});
       o += rows;
     }
+    bytes += l.bytes();
     parts.push_back(std::move(l));
-    int64_t bytes = 0;
-    for (const Linear& q : parts) bytes += q.bytes();
-    grain = std::max<int64_t>(1, (int64_t)tiles.size() * kParallelBytes / std::max<int64_t>(bytes, 1));
   }
 };
 
@@ -140,14 +189,21 @@ inline void quant_rows(const Linear& l, const Acts& a, const Tile& t, float* y, 
 inline void matvec(const Group& g, const float* x, int64_t rows, float* y, Acts& a8, Acts& a4) {
   if (g.q8) quantize_rows(a8, x, rows, g.in, Q8_0);
   if (g.q4) quantize_rows(a4, x, rows, g.in, Q4_0);  // Q4_0 and Q4_1 read the same activation form
-  const int64_t grain = std::max<int64_t>(1, g.grain / rows);  // more rows: more work per tile
-  at::parallel_for(0, (int64_t)g.tiles.size(), grain, [&](int64_t t0, int64_t t1) {
+  const Tuning& tune = tuning();
+  const int64_t n_tiles = (int64_t)g.tiles.size();
+  // a thread's least share: parallel_bytes of weights, fewer tiles when each serves more rows
+  const int64_t grain = std::max<int64_t>(1, n_tiles * tune.parallel_bytes / std::max<int64_t>(g.bytes, 1) / rows);
+  at::parallel_for(0, n_tiles, grain, [&](int64_t t0, int64_t t1) {
     for (int64_t i = t0; i < t1; ++i) {
       const Tile& t = g.tiles[i];
       const Linear& l = g.parts[t.part];
-      if (t.ahead && i + t.ahead < t1) {
-        const Tile& next = g.tiles[i + t.ahead];
-        for (int64_t b = 0; b < next.bytes; b += 64) _mm_prefetch(next.qs + b, _MM_HINT_T0);
+      const int64_t distance = l.kind == F32 ? tune.prefetch_f32 : tune.prefetch_q;
+      if (distance > 0) {
+        const int64_t ahead = std::max<int64_t>(1, (distance + t.bytes / 2) / t.bytes);
+        if (i + ahead < t1) {
+          const Tile& next = g.tiles[i + ahead];
+          for (int64_t b = 0; b < next.bytes; b += 64) _mm_prefetch(next.w + b, _MM_HINT_T0);
+        }
       }
       float* yp = y + l.offset;
       switch (l.kind) {

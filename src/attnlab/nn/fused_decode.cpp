@@ -45,12 +45,6 @@ struct Layer {
   Group qkv, o, gate_up, down;
 };
 
-at::Tensor checked_vector(const at::Tensor& t, int64_t n, const char* what) {
-  TORCH_CHECK(t.dim() == 1 && t.size(0) == n && t.scalar_type() == at::kFloat && t.is_contiguous() && t.is_cpu(),
-              what, " must be a contiguous (", n, ",) float32 CPU tensor");
-  return t;
-}
-
 }  // namespace
 
 // The decoder stack's weights, read in place, and the step's scratch buffers (not re-entrant).
@@ -65,36 +59,7 @@ class DecodePlan : public torch::CustomClassHolder {
   // A weight (O, I): kind 0..2 = q8_0 / q4_0 / q4_1 with tensors [qs, d] or [qs, d, m] (nn/quant.py),
   // kind 3 = fp32 with [w]; bias (O,) fp32 or none. Returns its id for add_layer / set_output.
   int64_t add_linear(int64_t kind, std::vector<at::Tensor> tensors, c10::optional<at::Tensor> bias) {
-    Linear l;
-    l.kind = (int)kind;
-    if (kind == F32) {
-      TORCH_CHECK(tensors.size() == 1, "an fp32 weight is [w]");
-      l.w = tensors[0];
-      TORCH_CHECK(l.w.dim() == 2 && l.w.scalar_type() == at::kFloat && l.w.is_contiguous() && l.w.is_cpu(),
-                  "w must be a contiguous (O, I) float32 CPU tensor");
-      l.out = l.w.size(0), l.in = l.w.size(1), l.wp = l.w.data_ptr<float>();
-    } else {
-      TORCH_CHECK(kind >= 0 && kind <= 2 && tensors.size() == (kind == Q4_1 ? 3u : 2u),
-                  "kind must be 0..3; a quantized weight is [qs, d] (q4_1: [qs, d, m])");
-      l.qs = tensors[0], l.d = tensors[1];
-      TORCH_CHECK(l.d.dim() == 2 && l.d.scalar_type() == at::kHalf && l.d.is_contiguous() && l.d.size(1) % 2 == 0,
-                  "d must be a contiguous (O, NB) float16 tensor with NB even");
-      l.out = l.d.size(0), l.in = l.d.size(1) * QK;
-      TORCH_CHECK(l.qs.is_contiguous() && l.qs.element_size() == 1 && l.qs.is_cpu() &&
-                  l.qs.numel() == l.out * (kind == Q8_0 ? l.in : l.in / 2), "qs does not match d");
-      l.qsp = (const uint8_t*)l.qs.data_ptr(), l.dp = l.d.data_ptr<at::Half>();
-      if (kind == Q4_1) {
-        l.m = tensors[2];
-        TORCH_CHECK(l.m.is_contiguous() && l.m.sizes() == l.d.sizes() && l.m.scalar_type() == at::kHalf,
-                    "m must match d");
-        l.mp = l.m.data_ptr<at::Half>();
-      }
-    }
-    if (bias.has_value()) {
-      l.bias = checked_vector(*bias, l.out, "bias");
-      l.bp = l.bias.data_ptr<float>();
-    }
-    linears_.push_back(std::move(l));
+    linears_.push_back(make_linear(kind, tensors, bias));
     return (int64_t)linears_.size() - 1;
   }
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from attnlab.errors import UserError
 from attnlab.nn.attention import MultiHeadAttention
 from attnlab.nn.blocks import TransformerLayer
 from attnlab.nn.mlp import SwiGLU
@@ -41,7 +42,7 @@ F32 = 3                       # the C++ plan's kind of a dense fp32 weight (0..2
 ROPE_ROWS = 256               # RoPE table rows computed at first; doubled when a position is past them
 
 
-class NotSupported(ValueError):
+class NotSupported(UserError):
     """What the fused step cannot run (the message says what); the caller keeps the PyTorch path."""
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from attnlab.errors import UserError
+
 
 class KVCache:
     """Keys and values of the tokens decoded so far, in tensors allocated once.
@@ -28,7 +30,7 @@ class KVCache:
                  dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
                  window: int | None = None):
         if window is not None and not 1 <= window <= max_len:
-            raise ValueError(f"a rolling KV cache needs 1 <= window <= max_len={max_len}, got {window}")
+            raise UserError(f"a rolling KV cache needs 1 <= window <= max_len={max_len}, got {window}")
         shape = (batch_size, n_kv_heads, max_len, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # (B, K, L, Dh)
         self.v = torch.zeros(shape, dtype=dtype, device=device)  # (B, K, L, Dh)
@@ -48,11 +50,11 @@ class KVCache:
                 positions held than L.
         """
         if k.shape != v.shape or k.dim() != 4:
-            raise ValueError(f"k and v must be (B, K, L, Dh) of one shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+            raise UserError(f"k and v must be (B, K, L, Dh) of one shape, got {tuple(k.shape)} and {tuple(v.shape)}")
         if window is not None and not 1 <= window <= k.size(2):
-            raise ValueError(f"a rolling KV cache needs 1 <= window <= max_len={k.size(2)}, got {window}")
+            raise UserError(f"a rolling KV cache needs 1 <= window <= max_len={k.size(2)}, got {window}")
         if not 0 <= length - start <= k.size(2) or start < 0:
-            raise ValueError(f"a cache of {k.size(2)} slots cannot hold positions {start} .. {length - 1}")
+            raise UserError(f"a cache of {k.size(2)} slots cannot hold positions {start} .. {length - 1}")
         cache = cls.__new__(cls)
         cache.k, cache.v, cache.window, cache.length, cache.start = k, v, window, length, start
         return cache
@@ -91,11 +93,11 @@ class KVCache:
         held = self.length - self.start
         if held + new > self.max_len:
             if self.window is None:
-                raise ValueError(f"KV cache overflow: {self.length + new} tokens > max_len={self.max_len}")
+                raise UserError(f"KV cache overflow: {self.length + new} tokens > max_len={self.max_len}")
             keep = min(self.window - 1, held)
             if keep + new > self.max_len:
-                raise ValueError(f"{new} new tokens do not fit a rolling KV cache of {self.max_len} positions "
-                                 f"with window {self.window}; feed at most {self.max_len - self.window + 1} at a time")
+                raise UserError(f"{new} new tokens do not fit a rolling KV cache of {self.max_len} positions "
+                                f"with window {self.window}; feed at most {self.max_len - self.window + 1} at a time")
             self.k[:, :, :keep] = self.k[:, :, held - keep:held].clone()
             self.v[:, :, :keep] = self.v[:, :, held - keep:held].clone()
             self.start = self.length - keep

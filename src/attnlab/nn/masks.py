@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from attnlab.errors import UserError
+
 
 def padding_mask(tokens: torch.Tensor, pad_id: int) -> torch.Tensor:
     """Key-padding mask: which keys are real tokens.
@@ -43,7 +45,7 @@ def causal_mask(length: int, device: torch.device | None = None, offset: int = 0
         Beltagy et al. 2020, "Longformer", §3.1; Jiang et al. 2023, "Mistral 7B", §2.
     """
     if window is not None and window < 1:
-        raise ValueError(f"sliding_window must be >= 1 or None, got {window}")
+        raise UserError(f"sliding_window must be >= 1 or None, got {window}")
     q = torch.arange(length, device=device)[:, None] + offset
     k = torch.arange(key_start, offset + length, device=device)[None, :]
     visible = k <= q

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnlab.errors import UserError
 from attnlab.nn.linear import Linear
 
 
@@ -34,7 +35,7 @@ class FeedForward(nn.Module):
                  bias: bool = True):
         super().__init__()
         if activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+            raise UserError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
         self.up_proj = Linear(d_model, d_ff, bias=bias)
         self.down_proj = Linear(d_ff, d_model, bias=bias)
         self.act = ACTIVATIONS[activation]
@@ -77,5 +78,5 @@ def make_ffn(d_model: int, d_ff: int, activation: str, dropout: float = 0.0, bia
     if activation == "swiglu":
         return SwiGLU(d_model, d_ff, dropout, bias)
     if activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {FFN_ACTIVATIONS}, got {activation!r}")
+        raise UserError(f"activation must be one of {FFN_ACTIVATIONS}, got {activation!r}")
     return FeedForward(d_model, d_ff, activation, dropout, bias)

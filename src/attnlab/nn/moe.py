@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnlab.errors import UserError
 from attnlab.nn.mlp import make_ffn
 
 
@@ -41,7 +42,7 @@ def load_balancing_loss(router_probs: torch.Tensor, expert_index: torch.Tensor, 
     if token_mask is not None:
         n = router_probs.size(0)
         if token_mask.shape != (n,):
-            raise ValueError(f"token_mask must have shape ({n},) (one flag per token), got {tuple(token_mask.shape)}")
+            raise UserError(f"token_mask must have shape ({n},) (one flag per token), got {tuple(token_mask.shape)}")
         real = token_mask.bool()
         chosen, probs = chosen[real], probs[real]  # (|M|, E) each: the real tokens only
         if not bool(real.any()):
@@ -68,7 +69,7 @@ class MixtureOfExperts(nn.Module):
                  dropout: float = 0.0, bias: bool = False):
         super().__init__()
         if not 1 <= top_k <= n_experts:
-            raise ValueError(f"moe_top_k must be in 1..n_experts={n_experts}, got {top_k}")
+            raise UserError(f"moe_top_k must be in 1..n_experts={n_experts}, got {top_k}")
         self.n_experts, self.top_k = n_experts, top_k
         self.router = nn.Linear(d_model, n_experts, bias=False)
         self.experts = nn.ModuleList(make_ffn(d_model, d_ff, activation, dropout, bias) for _ in range(n_experts))
@@ -88,7 +89,7 @@ class MixtureOfExperts(nn.Module):
         """
         b, t, d = x.shape
         if token_mask is not None and token_mask.shape != (b, t):
-            raise ValueError(f"token_mask must have shape ({b}, {t}) like x's tokens, got {tuple(token_mask.shape)}")
+            raise UserError(f"token_mask must have shape ({b}, {t}) like x's tokens, got {tuple(token_mask.shape)}")
         flat = x.reshape(b * t, d)  # (N, D)
         probs = self.router(flat).float().softmax(dim=-1)  # (N, E), routing in fp32
         weights, index = probs.topk(self.top_k, dim=-1)  # (N, k) each

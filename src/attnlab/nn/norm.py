@@ -7,6 +7,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from attnlab.errors import UserError
+
 NORMS = ("layernorm", "rmsnorm")
 
 
@@ -43,4 +45,4 @@ def make_norm(kind: str, d_model: int, eps: float = 1e-5, bias: bool = True) -> 
         return nn.LayerNorm(d_model, eps=eps, bias=bias)
     if kind == "rmsnorm":
         return RMSNorm(d_model, eps=eps)
-    raise ValueError(f"norm must be one of {NORMS}, got {kind!r}")
+    raise UserError(f"norm must be one of {NORMS}, got {kind!r}")

@@ -9,6 +9,8 @@ import math
 import torch
 from torch import nn
 
+from attnlab.errors import UserError
+
 
 def sinusoidal_table(max_len: int, d_model: int) -> torch.Tensor:
     """The fixed sinusoidal table PE(pos, 2i) = sin(pos / 10000^(2i/D)), PE(pos, 2i+1) = cos(...).
@@ -20,7 +22,7 @@ def sinusoidal_table(max_len: int, d_model: int) -> torch.Tensor:
     Source: Vaswani et al. 2017, §3.5.
     """
     if d_model % 2:
-        raise ValueError(f"d_model must be even for sinusoidal positions, got {d_model}")
+        raise UserError(f"d_model must be even for sinusoidal positions, got {d_model}")
     pos = torch.arange(max_len, dtype=torch.float32)[:, None]  # (T, 1)
     inv_freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
     table = torch.zeros(max_len, d_model)
@@ -47,5 +49,5 @@ class SinusoidalPositionalEncoding(nn.Module):
         """
         end = offset + x.size(1)
         if end > self.table.size(0):
-            raise ValueError(f"sequence of {end} positions exceeds max_seq_len={self.table.size(0)}")
+            raise UserError(f"sequence of {end} positions exceeds max_seq_len={self.table.size(0)}")
         return x + self.table[offset:end].to(x.dtype)

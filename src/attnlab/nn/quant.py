@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
+from attnlab.errors import UserError
+
 BLOCK = 32                                  # weights per block
 SCHEMES = ("q8_0", "q4_0", "q4_1")          # block types a QuantLinear holds
 QS_BYTES = {"q8_0": BLOCK, "q4_0": BLOCK // 2, "q4_1": BLOCK // 2}  # bytes of qs per block (8 or 4 bits a weight)
@@ -51,14 +53,14 @@ class QuantWeight:
 def check_scheme(scheme: str) -> str:
     """Return scheme, or raise ValueError naming it and the supported ones."""
     if scheme not in SCHEMES:
-        raise ValueError(f"quantization {scheme!r} is not supported; supported: {', '.join(SCHEMES)}")
+        raise UserError(f"quantization {scheme!r} is not supported; supported: {', '.join(SCHEMES)}")
     return scheme
 
 
 def _blocks(w: torch.Tensor) -> torch.Tensor:
     if w.dim() != 2 or w.shape[1] % BLOCK:
-        raise ValueError(f"block quantization needs a 2-D weight whose last dimension is a multiple of "
-                         f"{BLOCK}, got shape {tuple(w.shape)}")
+        raise UserError(f"block quantization needs a 2-D weight whose last dimension is a multiple of "
+                        f"{BLOCK}, got shape {tuple(w.shape)}")
     return w.detach().to(torch.float32).reshape(-1, BLOCK)  # (O·NB, 32)
 
 

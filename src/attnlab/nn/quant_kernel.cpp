@@ -12,7 +12,8 @@
 //   Q4_1  y = Σ_b dw_b dx_b Σ_i q_i qx_i + Σ_b m_b dx_b S_b
 // The result is, up to fp32 summation order, F.linear(dequantize(x_q8), dequantize(W)).
 // Two 32-blocks fill one 512-bit vector; a tile of 4 weight rows × up to 4 x rows shares loads.
-// Rows of W are split over at::parallel_for (torch's intra-op threads).
+// The products are decode_matvec.h's (the fused step's own): rows of W split over at::parallel_for
+// (torch's intra-op threads), prefetched per the machine's Tuning; linear_f32 is its fp32 form.
 // Source: ggml-cpu quants.c ggml_vec_dot_q8_0_q8_0 / q4_0_q8_0 / q4_1_q8_1 (same block algebra).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -20,50 +21,47 @@
 #include <immintrin.h>
 #include <cstdint>
 
+#include "decode_matvec.h"
 #include "quant_kernel.h"
 
 namespace {
 
 using namespace attnlab_q8;
 
-template <int SCHEME>
-void run(const uint8_t* qs, const at::Half* d, const at::Half* m, int64_t out, int64_t nb,
-         const Acts& a, float* y) {
-  const int64_t row_bytes = SCHEME == Q8_0 ? nb * QK : nb * QK / 2;
-  const int64_t tiles = (out + MR - 1) / MR;
-  // grain: enough rows that a thread's share of a decode product is worth waking it for
-  at::parallel_for(0, tiles, 16, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t o = t * MR;
-      if (o + MR <= out) rows_tile<SCHEME, MR>(qs, d, m, row_bytes, nb, a, o, y, out);
-      else for (int64_t i = o; i < out; ++i) rows_tile<SCHEME, 1>(qs, d, m, row_bytes, nb, a, i, y, out);
-    }
-  });
+// y (R, O) = x (R, I) · Wᵀ through the decode products (decode_matvec.h), W given as `tensors`
+at::Tensor product(const at::Tensor& x, int64_t kind, const std::vector<at::Tensor>& tensors) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_cpu(), "x must be (R, I) float32 on the CPU");
+  attnlab_decode::Group g;
+  g.add(attnlab_decode::make_linear(kind, tensors, c10::nullopt));
+  TORCH_CHECK(x.size(1) == g.in, "x has ", x.size(1), " features, the weight ", g.in);
+  at::Tensor xc = x.contiguous();
+  at::Tensor y = at::empty({x.size(0), g.out}, x.options());
+  if (x.size(0) == 0) return y;
+  Acts a8, a4;
+  attnlab_decode::matvec(g, xc.data_ptr<float>(), x.size(0), y.data_ptr<float>(), a8, a4);
+  return y;
 }
 
 at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d,
                         const c10::optional<at::Tensor>& m, int64_t scheme) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be (R, I) float32");
-  TORCH_CHECK(d.dim() == 2 && d.scalar_type() == at::kHalf, "d must be (O, NB) float16");
-  const int64_t rows = x.size(0), in = x.size(1), out = d.size(0), nb = d.size(1);
-  TORCH_CHECK(in == nb * QK && nb % 2 == 0, "in_features must be 32 · NB with NB even, got ", in);
   TORCH_CHECK(scheme >= 0 && scheme <= 2, "scheme must be 0 (q8_0), 1 (q4_0) or 2 (q4_1)");
-  TORCH_CHECK(qs.is_contiguous() && d.is_contiguous() && qs.numel() == out * (scheme == Q8_0 ? in : in / 2),
-              "qs does not match d");
-  TORCH_CHECK(scheme != Q4_1 || (m.has_value() && m->is_contiguous() && m->sizes() == d.sizes()),
-              "q4_1 needs m of d's shape");
-  at::Tensor xc = x.contiguous();
-  at::Tensor y = at::empty({rows, out}, x.options());
-  if (rows == 0) return y;
-  Acts a;
-  quantize_rows(a, xc.data_ptr<float>(), rows, in, (int)scheme);
-  const uint8_t* q = (const uint8_t*)qs.data_ptr();
-  const at::Half* dp = d.data_ptr<at::Half>();
-  const at::Half* mp = scheme == Q4_1 ? m->data_ptr<at::Half>() : nullptr;
-  if (scheme == Q8_0) run<Q8_0>(q, dp, mp, out, nb, a, y.data_ptr<float>());
-  else if (scheme == Q4_0) run<Q4_0>(q, dp, mp, out, nb, a, y.data_ptr<float>());
-  else run<Q4_1>(q, dp, mp, out, nb, a, y.data_ptr<float>());
-  return y;
+  TORCH_CHECK(scheme != Q4_1 || m.has_value(), "q4_1 needs m of d's shape");
+  std::vector<at::Tensor> tensors{qs, d};
+  if (scheme == Q4_1) tensors.push_back(*m);
+  return product(x, scheme, tensors);
+}
+
+at::Tensor linear_f32(const at::Tensor& x, const at::Tensor& w) { return product(x, attnlab_decode::F32, {w}); }
+
+// The per-machine Tuning (decode_matvec.h): set once by nn/cpu_tuning.py; speed only, never a result
+void set_tuning(int64_t parallel_bytes, int64_t prefetch_q, int64_t prefetch_f32) {
+  TORCH_CHECK(parallel_bytes > 0 && prefetch_q >= 0 && prefetch_f32 >= 0, "tuning values must be >= 0");
+  attnlab_decode::tuning() = attnlab_decode::Tuning{parallel_bytes, prefetch_q, prefetch_f32};
+}
+
+std::vector<int64_t> get_tuning() {
+  const attnlab_decode::Tuning& t = attnlab_decode::tuning();
+  return {t.parallel_bytes, t.prefetch_q, t.prefetch_f32};
 }
 
 // 16 fp32 -> 16 bf16, round to nearest even (finite inputs), AVX512F only
@@ -121,10 +119,14 @@ at::Tensor dequantize_bf16(const at::Tensor& qs, const at::Tensor& d, const c10:
 
 TORCH_LIBRARY(attnlab_quant, lib) {
   lib.def("linear(Tensor x, Tensor qs, Tensor d, Tensor? m, int scheme) -> Tensor");
+  lib.def("linear_f32(Tensor x, Tensor w) -> Tensor");
   lib.def("dequantize_bf16(Tensor qs, Tensor d, Tensor? m, int scheme) -> Tensor");
+  lib.def("set_tuning", &set_tuning);
+  lib.def("get_tuning", &get_tuning);
 }
 
 TORCH_LIBRARY_IMPL(attnlab_quant, CPU, lib) {
   lib.impl("linear", &quant_linear);
+  lib.impl("linear_f32", &linear_f32);
   lib.impl("dequantize_bf16", &dequantize_bf16);
 }

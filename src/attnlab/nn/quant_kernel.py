@@ -28,6 +28,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from attnlab.errors import UserError
+from attnlab.nn import cpu_tuning
 from attnlab.nn.quant import BLOCK, SCHEMES, QuantWeight, dequantize, quantize_activations
 
 SOURCES = [Path(__file__).with_name(n) for n in ("quant_kernel.cpp", "fused_decode.cpp")]
@@ -75,7 +77,10 @@ def _build() -> str | None:
         cpp_extension.load(name=_extension_name(), sources=[str(p) for p in SOURCES], extra_cflags=FLAGS,
                            extra_ldflags=LDFLAGS,
                            is_python_module=False, verbose=False)
+        tune = cpu_tuning.choose()  # this machine's row (deterministic; speed only, never a result)
+        torch.ops.attnlab_quant.set_tuning(tune.parallel_bytes, tune.prefetch_q, tune.prefetch_f32)
         torch.library.register_fake("attnlab_quant::linear")(_fake)
+        torch.library.register_fake("attnlab_quant::linear_f32")(_fake_f32)
         torch.library.register_fake("attnlab_quant::dequantize_bf16")(_fake_bf16)
     except Exception as err:  # any build or load failure: fall back, saying why
         return f"building {SOURCES[0].name} failed ({type(err).__name__}: {str(err).splitlines()[0][:200]})"
@@ -84,6 +89,10 @@ def _build() -> str | None:
 
 def _fake(x, qs, d, m, scheme):
     return x.new_empty(x.shape[0], d.shape[0])
+
+
+def _fake_f32(x, w):
+    return x.new_empty(x.shape[0], w.shape[0])
 
 
 def _fake_bf16(qs, d, m, scheme):
@@ -132,13 +141,13 @@ def quant_matmul(x: torch.Tensor, qw: QuantWeight, impl: str | None = None) -> t
     """
     out_features, in_features = qw.shape
     if x.shape[-1] != in_features:
-        raise ValueError(f"input has {x.shape[-1]} features, the quantized weight expects {in_features}")
+        raise UserError(f"input has {x.shape[-1]} features, the quantized weight expects {in_features}")
     if impl not in (None, "cpp", "torch"):
-        raise ValueError(f"impl must be 'cpp', 'torch' or None, got {impl!r}")
+        raise UserError(f"impl must be 'cpp', 'torch' or None, got {impl!r}")
     x2 = x.reshape(-1, in_features).to(torch.float32)
     use_cpp = (impl or kernel()) == "cpp" and x.device.type == "cpu" and (in_features // BLOCK) % 2 == 0
     if use_cpp and impl == "cpp" and kernel() != "cpp":
-        raise ValueError("the C++ quantized kernel is not available here")
+        raise UserError("the C++ quantized kernel is not available here")
     if use_cpp and x2.shape[0] >= PREFILL_ROWS:
         w = torch.ops.attnlab_quant.dequantize_bf16(qw.qs, qw.d, qw.m, SCHEME_ID[qw.scheme])
         y = F.linear(x2.to(torch.bfloat16), w).to(torch.float32)

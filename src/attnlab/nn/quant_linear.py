@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from attnlab.errors import UserError
 from attnlab.nn.quant import SCHEMES, QuantWeight, check_scheme, dequantize, quantize
 from attnlab.nn.quant_kernel import PREFILL_ROWS, SCHEME_ID, kernel, quant_matmul
 
@@ -22,10 +23,10 @@ DTYPES = ("auto", *FLOAT_DTYPES, *SCHEMES)  # "auto": as stored (a GGUF file kee
 
 
 def check_dtype(dtype: str) -> str:
-    """Return dtype, or raise ValueError naming it and the supported ones (a quantization we do
+    """Return dtype, or raise UserError naming it and the supported ones (a quantization we do
     not implement, e.g. q5_k, is refused here)."""
     if dtype not in DTYPES:
-        raise ValueError(f"--dtype {dtype!r} is not supported; supported: {', '.join(DTYPES)}")
+        raise UserError(f"dtype={dtype!r} is not supported; supported: {', '.join(DTYPES)}", param="dtype")
     return dtype
 
 
@@ -106,7 +107,7 @@ def set_quantized(model: nn.Module, name: str, qw: QuantWeight) -> nn.Module:
     parent, leaf = _parent(model, name)
     old = getattr(parent, leaf)
     if tuple(old.weight.shape) != qw.shape:
-        raise ValueError(f"{name}: quantized weight {qw.shape} does not match {tuple(old.weight.shape)}")
+        raise UserError(f"{name}: quantized weight {qw.shape} does not match {tuple(old.weight.shape)}")
     new = QuantEmbedding(qw) if isinstance(old, nn.Embedding) else QuantLinear(qw, old.bias)
     setattr(parent, leaf, new)
     return new
@@ -130,8 +131,8 @@ def quantize_model(model: nn.Module, scheme: str) -> nn.Module:
     for name in names:
         w = model.get_submodule(name).weight
         if w.shape[1] % 32:
-            raise ValueError(f"{scheme} needs every weight's last dimension to be a multiple of 32; "
-                             f"{name} has shape {tuple(w.shape)}")
+            raise UserError(f"{scheme} needs every weight's last dimension to be a multiple of 32; "
+                            f"{name} has shape {tuple(w.shape)}")
     done: dict[int, QuantWeight] = {}
     for name in names:
         w = model.get_submodule(name).weight

@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from attnlab.errors import UserError
+
 
 class RotaryEmbedding(nn.Module):
     """Computes the cos/sin of the rotation angles for given positions.
@@ -26,9 +28,9 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, theta: float = 10000.0):
         super().__init__()
         if head_dim % 2:
-            raise ValueError(f"RoPE needs an even head dim (d_model / n_heads), got {head_dim}")
+            raise UserError(f"RoPE needs an even head dim (d_model / n_heads), got {head_dim}")
         if theta <= 0:
-            raise ValueError(f"rope_theta must be > 0, got {theta}")
+            raise UserError(f"rope_theta must be > 0, got {theta}")
         inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)  # (Dh/2,)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 

@@ -34,17 +34,19 @@ from __future__ import annotations
 
 import torch
 
+from attnlab.errors import UserError
+
 
 def _check(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
            h0: torch.Tensor | None) -> None:
     b, t, di = x.shape
     n = A.shape[-1]
     if delta.shape != x.shape or A.shape != (di, n) or B.shape != (b, t, n) or C.shape != (b, t, n):
-        raise ValueError(f"selective scan shapes disagree: x {tuple(x.shape)}, delta {tuple(delta.shape)}, "
-                         f"A {tuple(A.shape)}, B {tuple(B.shape)}, C {tuple(C.shape)} (want (B, T, Di), "
-                         f"(B, T, Di), (Di, N), (B, T, N), (B, T, N))")
+        raise UserError(f"selective scan shapes disagree: x {tuple(x.shape)}, delta {tuple(delta.shape)}, "
+                        f"A {tuple(A.shape)}, B {tuple(B.shape)}, C {tuple(C.shape)} (want (B, T, Di), "
+                        f"(B, T, Di), (Di, N), (B, T, N), (B, T, N))")
     if h0 is not None and h0.shape != (b, di, n):
-        raise ValueError(f"initial state h0 is {tuple(h0.shape)}, want (B, Di, N) = {(b, di, n)}")
+        raise UserError(f"initial state h0 is {tuple(h0.shape)}, want (B, Di, N) = {(b, di, n)}")
 
 
 def selective_scan_ref(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,

@@ -1,6 +1,7 @@
 """Recipes: one small file each (data + model preset + train config); RECIPES maps names to them."""
 from __future__ import annotations
 
+from attnlab.errors import UserError
 from attnlab.recipes import (bert, digits_vit, mnist_vit, multi30k_en_de, shakespeare_bpe, shakespeare_char,
                              shakespeare_char_mamba)
 from attnlab.recipes.recipe import Recipe
@@ -26,5 +27,5 @@ def get_recipe(name: str) -> Recipe:
         ValueError: listing the known recipes when `name` is not one.
     """
     if name not in RECIPES:
-        raise ValueError(f"unknown recipe {name!r}; known recipes: {', '.join(sorted(RECIPES))}")
+        raise UserError(f"unknown recipe {name!r}; known recipes: {', '.join(sorted(RECIPES))}")
     return RECIPES[name]()

@@ -5,6 +5,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from attnlab.config import Config, parse_value
+from attnlab.errors import UserError
 from attnlab.train.config import TrainConfig
 
 
@@ -36,12 +37,12 @@ class Recipe:
             key, sep, value = text.partition("=")
             key = key.strip()
             if not sep or not key:
-                raise ValueError(f"--set expects key=value, got {text!r}")
+                raise UserError(f"--set expects key=value, got {text!r}")
             if key == "vocab_size":
-                raise ValueError("vocab_size comes from the tokenizer; set tokenizer_vocab_size instead")
+                raise UserError("vocab_size comes from the tokenizer; set tokenizer_vocab_size instead")
             owner = next((p for p, cfg in parts.items() if key in {f.name for f in dataclasses.fields(cfg)}), None)
             if owner is None:
                 known = sorted(f.name for cfg in parts.values() for f in dataclasses.fields(cfg))
-                raise ValueError(f"unknown setting {key!r}; known settings: {', '.join(known)}")
+                raise UserError(f"unknown setting {key!r}; known settings: {', '.join(known)}")
             changes[owner][key] = parse_value(type(parts[owner]), key, value.strip())
         return dataclasses.replace(self, **{p: dataclasses.replace(cfg, **changes[p]) for p, cfg in parts.items()})

@@ -1,13 +1,12 @@
 """The skeleton every task family shares, written once: train a recipe into a run directory, load a
-run directory, evaluate it.
+run directory, evaluate it; and what a family states about itself (its kind and capabilities).
 
 A family (tasks/translation.py, language_model.py, text_classification.py, vision.py) subclasses
-Task and supplies only what differs: its model and config classes, `prepare` (tokenizer, data and
-objective of a new or resumed run), `load_tokenizer`, and `evaluate_run`. The registry
-(tasks/registry.py) maps the run's `model_type` to its Task.
-
-The objective object a family hands to the loop (train/loop.py) has `batches(epoch)`,
-`loss(model, batch) -> (loss, n)`, `evaluate(model) -> dict` and `best_metric`.
+Task and supplies only what differs: its model and config classes, its kind (tasks/kinds.py) and
+capabilities, `prepare` (tokenizer, data and objective of a new or resumed run: the objective
+satisfies train.objective.Objective), `load_tokenizer`, and `evaluate_run`; a family with a Hugging
+Face form also `load_hf` / `export_hf`. The registry (tasks/registry.py) maps the run's
+`model_type` to its Task; everything outside tasks/ asks the task, never the name.
 """
 from __future__ import annotations
 
@@ -17,36 +16,25 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import Callable, ClassVar
 
 import torch
 
 from attnlab.config import Config
+from attnlab.errors import UserError
 from attnlab.models.base import Model
+from attnlab.tasks.fit import check_world, fit
+from attnlab.tasks.kinds import Kind
+from attnlab.tasks.loaded import LoadedModel
 from attnlab.train import distributed
 from attnlab.train.checkpoint import load_weights
 from attnlab.train.config import TrainConfig
 from attnlab.train.guards import check_batch_memory
-from attnlab.train.loop import Trainer, optimizer_factory
-from attnlab.train.parallel import check_shardable, make_strategy
+from attnlab.train.objective import Objective
 from attnlab.train.run_dir import (check_model_dir, check_out_dir, check_resume_recipe, read_run_config, run_lock,
                                    start_run_dir)
 
 log = logging.getLogger("attnlab")
-
-
-@dataclass
-class Run:
-    """A trained run directory, loaded."""
-
-    model: Model          # in eval mode
-    tokenizer: Any        # ByteLevelBPE, a tokenizers.Tokenizer (BERT WordPiece), or None (images)
-    config: dict          # config.json, in the current layout (see Task.read_config)
-    path: Path
-
-    @property
-    def model_type(self) -> str:
-        return self.config["model_type"]
 
 
 @dataclass
@@ -67,7 +55,7 @@ class Prepared:
     """What a family's `prepare` returns: everything the skeleton needs to build and train."""
 
     model_cfg: Config                      # final (vocab size and special ids from the tokenizer)
-    objective: Any                         # the loop's task (module docstring)
+    objective: Objective                   # what the loop trains on (train/objective.py)
     save_files: Callable[[Path], None] = lambda out: None  # writes tokenizer.json etc. into a new run
     run_info: dict = field(default_factory=dict)  # extra config.json entries (labels, normalization)
     init_state: dict | None = None         # weights to start from (fine-tuning); heads may be missing
@@ -89,15 +77,33 @@ def upgrade_sections(saved: dict, data_config: type) -> dict:
 
 
 class Task:
-    """One task family: builds, trains, loads and evaluates one kind of run (module docstring)."""
+    """One task family: builds, trains, loads and evaluates one kind of run (module docstring).
+
+    What the family is and can do (a family may set these per instance, as LanguageModelTask does):
+    """
 
     model_type: ClassVar[str]              # the registry key; config.json's "model_type"
     model_class: ClassVar[type]            # e.g. GPT
     model_config: ClassVar[type]           # e.g. GPTConfig
     data_config: ClassVar[type]            # e.g. TextDataConfig
+    kind: ClassVar[Kind]                   # what the model does (tasks/kinds.py)
+    description: ClassVar[str] = ""        # the family in words, with its article (default: its kind's)
+    has_attention: ClassVar[bool] = True   # it has attention weights to draw (viz/); Mamba has none
+    classifies: ClassVar[bool] = False     # classify() labels inputs (a classifier run)
+    takes_images: ClassVar[bool] = False   # its inputs are image files, not texts
+    quantizable: ClassVar[bool] = False    # runs with block-quantized weights (q8_0 / q4_0 / q4_1)
+    gguf: ClassVar[bool] = False           # reads and writes GGUF files (interop/gguf.py, gguf_write.py)
+    servable: ClassVar[bool] = False       # `attnlab serve` can run it
+    hf_model_types: ClassVar[tuple[str, ...]] = ()  # "model_type"s of the HF model directories load_hf reads
+    exports_hf: ClassVar[bool] = False     # export_hf writes a HF model directory
     rate_key: ClassVar[str] = "tokens_per_s"  # the training rate's name in the final record
     run_files: ClassVar[tuple[str, ...]] = ("config.json", "model.safetensors", "tokenizer.json")
     evaluate_options: ClassVar[tuple[str, ...]] = ()  # keyword options evaluate_run takes (e.g. beam)
+
+    @property
+    def described(self) -> str:
+        """The family in words: "a decoder-only language model", "a Mamba (state-space) model"."""
+        return self.description or self.kind.described
 
     # ------------------------------------------------------------------ what a family supplies
     def prepare(self, spec: RunSpec) -> Prepared:
@@ -109,26 +115,44 @@ class Task:
         """The tokenizer saved in run directory `path` (None for tasks without text)."""
         raise NotImplementedError
 
-    def evaluate_run(self, run: Run, split: str | None, limit: int | None, **options) -> dict:
+    def evaluate_run(self, run: LoadedModel, split: str | None, limit: int | None, **options) -> dict:
         """The task's metrics of a loaded run on `split`: {"split", "n", ...}."""
         raise NotImplementedError
 
-    def classify(self, run: Run, inputs: list[str]) -> list[tuple[str, float]]:
-        """(label, probability) per input, for classifier families.
+    def classify(self, run: LoadedModel, inputs: list[str]) -> list[tuple[str, float]]:
+        """(label, probability) per input, for classifier families (`classifies`).
 
         Raises:
-            ValueError: for a family that is not a classifier.
+            UserError: for a family that is not a classifier.
         """
-        raise ValueError(f"{run.path} is a {self.model_type} model, not a classifier (the sst2 and mnist-vit "
-                         f"recipes train classifiers)")
+        raise UserError(f"{run.path} is {self.described}, not a classifier (the sst2 and mnist-vit recipes train "
+                        f"classifiers)")
+
+    def load_hf(self, path: Path) -> LoadedModel:
+        """Load the Hugging Face model directory `path` (its config.json's model_type is one of
+        `hf_model_types`), fp32.
+
+        Raises:
+            UserError: for a family with no Hugging Face form; FileNotFoundError, UserError naming
+                what is missing or unsupported.
+        """
+        raise UserError(f"{path}: {self.described} has no Hugging Face form")
+
+    def load_gguf(self, path: Path, dtype: str) -> LoadedModel:
+        """Load the GGUF file `path` at `dtype` (families with `gguf`).
+
+        Raises:
+            UserError: for a family that does not read GGUF files, or a file it cannot hold.
+        """
+        raise UserError(f"{path}: {self.described} is not read from GGUF files")
 
     def export_hf(self, model: Model, tokenizer, out: Path, tokenizer_file: Path | None = None) -> None:
-        """Write `model` (and its tokenizer) as a Hugging Face model directory at `out`.
+        """Write `model` (and its tokenizer) as a Hugging Face model directory at `out` (`exports_hf`).
 
         Raises:
-            ValueError: for a family with no Hugging Face export.
+            UserError: for a family with no Hugging Face export.
         """
-        raise ValueError(f"a {self.model_type} model has no Hugging Face export")
+        raise UserError(f"{self.described} has no Hugging Face export")
 
     def batch_memory(self, model_cfg: Config, data_cfg: Config) -> tuple[str, int, int] | None:
         """(the data setting that sizes a micro-batch, the tokens — or patches — in one, a lower bound
@@ -152,7 +176,7 @@ class Task:
             return (saved, self.model_config.from_dict(saved["model"]), self.data_config.from_dict(saved["data"]),
                     saved["train"])
         except (TypeError, ValueError) as e:
-            raise ValueError(f"{path / 'config.json'}: {e}") from None
+            raise UserError(f"{path / 'config.json'}: {e}") from None
 
     def _settings(self, out: Path, recipe, resume: bool) -> RunSpec:
         """A resumed run takes its own saved settings (after checking its recipe), with the budgets
@@ -166,7 +190,7 @@ class Task:
                 train_cfg = TrainConfig.from_dict({**saved_train, "max_steps": recipe.train.max_steps,
                                                    "minutes": recipe.train.minutes})
             except (TypeError, ValueError) as e:
-                raise ValueError(f"{out / 'config.json'}: {e}") from None
+                raise UserError(f"{out / 'config.json'}: {e}") from None
         else:
             saved, model_cfg, data_cfg, train_cfg = None, recipe.model, recipe.data, recipe.train
         sized = self.batch_memory(model_cfg, data_cfg)
@@ -217,7 +241,7 @@ class Task:
                      f"; {prepared.summary}" if prepared.summary else "")
             return fit(model, prepared.objective, spec.train_cfg, out, resume, self.rate_key)
 
-    def load(self, path: str | Path) -> Run:
+    def load(self, path: str | Path) -> LoadedModel:
         """Load a trained run directory (config.json, model.safetensors and the tokenizer).
 
         Raises:
@@ -229,7 +253,7 @@ class Task:
         saved, model_cfg, _, _ = self.read_config(path)
         model = self.build_model(model_cfg)
         load_weights(model, path / "model.safetensors")
-        return Run(model.eval(), self.load_tokenizer(path), saved, path)
+        return LoadedModel(model.eval(), self.load_tokenizer(path), self, path, saved)
 
     def evaluate(self, path: str | Path, split: str | None = None, limit: int | None = None, **options) -> dict:
         """Load the run at `path` and score it on `split` (the task's metrics, "seconds" added).
@@ -240,48 +264,10 @@ class Task:
         """
         unknown = sorted(k for k, v in options.items() if v is not None and k not in self.evaluate_options)
         if unknown:
-            raise ValueError(f"--{unknown[0]} does not apply to a {self.model_type} model ({path})")
+            raise UserError(f"{unknown[0]}={options[unknown[0]]!r} does not apply to a {self.model_type} model "
+                            f"({path})", param=unknown[0])
         run = self.load(path)
         t0 = time.perf_counter()
         record = self.evaluate_run(run, split, limit, **{k: v for k, v in options.items() if v is not None})
         return {**record, "seconds": round(time.perf_counter() - t0, 1)}
 
-
-def check_world(objective, model: Model, parallel: str) -> None:
-    """Several processes: refuse more of them than the rows (sentences, sequences, images) of the
-    first global batch, and a model that `parallel` "fsdp" cannot shard; before anything is written.
-
-    Raises:
-        ValueError: one line ("mismatched world size" naming both numbers; parallel.check_shardable).
-    """
-    world = distributed.current_world()
-    if world.distributed:
-        if parallel == "fsdp":
-            check_shardable(model)
-        first = objective.batch_rows(objective.batches(0)[0])
-        if first < world.size:
-            raise ValueError(f"mismatched world size: {world.size} processes cannot split a global batch of "
-                             f"{first} rows (sentences, sequences or images); use at most {first} processes or a "
-                             f"larger batch")
-
-
-def fit(model: Model, objective, train_cfg: TrainConfig, out: Path, resume: bool,
-        rate_key: str = "tokens_per_s") -> dict:
-    """Train with the shared loop (resuming from out/checkpoint when asked) and return the final
-    record with "parameters", "steps" and the training rate under `rate_key` (units the objective's
-    loss counts: tokens, sentences or images per second). Under torchrun the model runs as
-    train_cfg.parallel says (train/parallel.py).
-
-    Raises:
-        ValueError: for a model FSDP cannot shard (parallel.check_shardable).
-    """
-    strategy = None
-    if distributed.current_world().distributed:
-        strategy = make_strategy(model, objective, optimizer_factory(train_cfg), train_cfg.parallel)
-    trainer = Trainer(model, objective, train_cfg, out, getattr(model.cfg, "d_model", 512), strategy)
-    if resume:
-        trainer.resume()
-    record = trainer.fit()
-    s = trainer.state
-    return {**record, "parameters": model.num_parameters(), "steps": s["step"],
-            rate_key: round(s["tokens"] / max(s["elapsed_s"], 1e-9), 1)}

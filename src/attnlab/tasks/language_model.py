@@ -1,5 +1,6 @@
 """Language modelling with decoder-only models: the data config, the next-token objective, and the
-task (train / load / evaluate a run; generation itself lives in generate.py).
+task (train / load / evaluate a run, load a HF directory or a GGUF file; generation itself lives in
+generate.py).
 
 Shape legend: B sequences, T block size, V vocabulary.
 """
@@ -10,19 +11,23 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Literal, Optional
+from typing import Callable, Literal, NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
 
 from attnlab.config import Config, check, check_literals
-from attnlab.interop.hf import save_hf
 from attnlab.data.text import TokenStream, char_tokenizer, read_text, split_text
-from attnlab.models.gpt import GPT, GPTConfig
+from attnlab.errors import UserError
+from attnlab.interop.gguf import load_gguf
+from attnlab.jsonfile import read_json
+from attnlab.models.base import Model
 from attnlab.nn.quant import SCHEMES
 from attnlab.nn.quant_linear import set_dtype
 from attnlab.seeding import mix_seed
-from attnlab.tasks.base import Prepared, Run, RunSpec, Task
+from attnlab.tasks.base import Prepared, RunSpec, Task
+from attnlab.tasks.kinds import Kind
+from attnlab.tasks.loaded import LoadedModel
 from attnlab.tokenizers import ByteLevelBPE
 from attnlab.train.guards import activation_bytes
 from attnlab.train.losses import perplexity
@@ -91,6 +96,7 @@ class LanguageModelObjective:
 
     best_metric = "val_loss"
     higher_is_better = False
+    leaves_parameters_unused = False
 
     def __init__(self, train: TokenStream, val: TokenStream, data_cfg: TextDataConfig, seed: int = 0,
                  aux_loss_coef: float = 0.0, token_bytes: torch.Tensor | None = None):
@@ -140,29 +146,83 @@ class LanguageModelObjective:
         return record
 
 
+class HFForm(NamedTuple):
+    """How a family reads and writes Hugging Face model directories (interop/)."""
+
+    model_types: tuple[str, ...]   # the config.json "model_type"s it reads (e.g. "llama", "mistral")
+    load: Callable                 # load(path) -> (model in eval mode, config.json dict)
+    save: Callable                 # save(model, out_dir, tokenizer)
+
+
+def special_strings(tokenizer: ByteLevelBPE, cfg) -> dict:
+    """{"bos": text, "eos": text} of the model's special ids (those the tokenizer has), for chat templates."""
+    out = {}
+    for key, token_id in (("bos", cfg.bos_id), ("eos", cfg.eos_id)):
+        if token_id is not None:
+            try:
+                out[key] = tokenizer.id_to_token(token_id)
+            except KeyError:
+                pass
+    return out
+
+
 class LanguageModelTask(Task):
     """Decoder-only language-model runs on a text corpus (nanoGPT's setting): a character or
     byte-level BPE tokenizer built from the training split, validation loss, perplexity and bits
-    per byte. One instance per model family that predicts the next token ("gpt" by default).
+    per byte. One instance per model family that predicts the next token (the registry's GPT and
+    Mamba lines): the instance states the family's capabilities.
     """
 
-    model_type, model_class, model_config, data_config = "gpt", GPT, GPTConfig, TextDataConfig
+    kind, data_config = Kind.CAUSAL_LM, TextDataConfig
     evaluate_options = ("dtype",)
 
-    def __init__(self, model_type: str = "gpt", model_class: type = GPT, model_config: type = GPTConfig,
-                 export: Callable = save_hf):
-        """Args: the family's model_type (registry key), model and config classes, and its Hugging
-        Face writer export(model, out_dir, tokenizer)."""
-        self.model_type, self.model_class, self.model_config = model_type, model_class, model_config
-        self.export = export
+    def __init__(self, model_class: type[Model], model_config: type, hf: HFForm | None = None, *,
+                 description: str = "", has_attention: bool = True, quantizable: bool = False, gguf: bool = False,
+                 servable: bool = False):
+        """Args: the family's model and config classes (the config's model_type is the registry key),
+        its Hugging Face form (None: it has none), and what it can do (Task's attributes)."""
+        self.model_type, self.model_class, self.model_config = model_config.model_type, model_class, model_config
+        self.hf, self.hf_model_types, self.exports_hf = hf, hf.model_types if hf else (), hf is not None
+        self.description, self.has_attention = description, has_attention
+        self.quantizable, self.gguf, self.servable = quantizable, gguf, servable
 
     def load_tokenizer(self, path: Path) -> ByteLevelBPE:
         return ByteLevelBPE.load(path / "tokenizer.json")
 
+    def load(self, path: str | Path) -> LoadedModel:
+        loaded = super().load(path)
+        loaded.special = special_strings(loaded.tokenizer, loaded.model.cfg)
+        return loaded
+
+    def load_hf(self, path: Path) -> LoadedModel:
+        """A HF model directory of this family (config.json, safetensors, tokenizer.json; a chat
+        template from tokenizer_config.json when it has one), fp32."""
+        if self.hf is None:
+            return super().load_hf(path)
+        model, _ = self.hf.load(path)
+        if not (path / "tokenizer.json").is_file():
+            raise FileNotFoundError(f"{path} has no tokenizer.json")
+        tokenizer = ByteLevelBPE.load(path / "tokenizer.json")
+        template = None
+        if (path / "tokenizer_config.json").is_file():
+            template = read_json(path / "tokenizer_config.json").get("chat_template")
+        return LoadedModel(model.eval(), tokenizer, self, path, chat_template=template,
+                           special=special_strings(tokenizer, model.cfg))
+
+    def load_gguf(self, path: Path, dtype: str) -> LoadedModel:
+        """A llama.cpp GGUF file (interop/gguf.py) at `dtype`, with its chat template."""
+        if not self.gguf:
+            return super().load_gguf(path, dtype)
+        model, tokenizer, metadata = load_gguf(path, dtype)
+        return LoadedModel(model, tokenizer, self, path, chat_template=metadata.get("tokenizer.chat_template"),
+                           special=special_strings(tokenizer, model.cfg))
+
     def export_hf(self, model, tokenizer, out: Path, tokenizer_file: Path | None = None) -> None:
         """The family's Hugging Face directory: LLaMA / Mistral / Qwen2 / Mixtral / GPT-2 for a GPT
         (interop/hf.py), MambaForCausalLM for a Mamba (interop/hf_mamba.py)."""
-        self.export(model, out, tokenizer)
+        if self.hf is None:
+            super().export_hf(model, tokenizer, out, tokenizer_file)
+        self.hf.save(model, out, tokenizer)
 
     def batch_memory(self, model_cfg, data_cfg: TextDataConfig) -> tuple[str, int, int]:
         tokens = data_cfg.batch_size * data_cfg.block_size
@@ -171,7 +231,7 @@ class LanguageModelTask(Task):
     def prepare(self, spec: RunSpec) -> Prepared:
         model_cfg, data_cfg = spec.model_cfg, spec.data_cfg
         if data_cfg.block_size > model_cfg.max_seq_len:
-            raise ValueError(f"block_size must be <= max_seq_len={model_cfg.max_seq_len}, got {data_cfg.block_size}")
+            raise UserError(f"block_size must be <= max_seq_len={model_cfg.max_seq_len}, got {data_cfg.block_size}")
         train_text, val_text = split_text(read_text(data_cfg.dataset), data_cfg.train_fraction)
         if spec.resume:
             tokenizer = self.load_tokenizer(spec.out)
@@ -187,22 +247,22 @@ class LanguageModelTask(Task):
         return Prepared(model_cfg, objective, save_files=lambda out: tokenizer.save(out / "tokenizer.json"),
                         summary=f"{len(train)} training tokens, {len(val)} validation tokens")
 
-    def evaluate_run(self, run: Run, split: str | None, limit: int | None, dtype: str = "fp32") -> dict:
+    def evaluate_run(self, run: LoadedModel, split: str | None, limit: int | None, dtype: str = "fp32") -> dict:
         """Validation loss (nats per token), perplexity and bits per byte on the held-out text ("val";
         "test" is the same text: these corpora have no third split) or the training text ("train"),
         scored once in consecutive blocks of block_size tokens; `limit`: the first N tokens only;
-        `dtype`: the weights' precision (nn.quant_linear.set_dtype; block quantization: GPT only).
+        `dtype`: the weights' precision (nn.quant_linear.set_dtype; block quantization: `quantizable` families).
 
         Returns:
             {"split", "n" (tokens scored), "val_loss", "perplexity", "bits_per_byte"}.
         """
         split = split or "val"
-        if dtype in SCHEMES and self.model_type != "gpt":
-            raise ValueError(f"--dtype {dtype} (quantized weights) is implemented for GPT-family models, "
-                             f"not {self.model_type}")
+        if dtype in SCHEMES and not self.quantizable:
+            raise UserError(f"dtype={dtype!r} (quantized weights) is not implemented for {self.described}; use "
+                            f"fp32 or bf16", param="dtype")
         set_dtype(run.model, dtype)
         if split not in ("train", "val", "test"):
-            raise ValueError(f"unknown split {split!r}; known: train, val (test = val for a text corpus)")
+            raise UserError(f"unknown split {split!r}; known: train, val (test = val for a text corpus)")
         data_cfg = TextDataConfig.from_dict({**run.config["data"], "eval_tokens": limit})
         train_text, val_text = split_text(read_text(data_cfg.dataset), data_cfg.train_fraction)
         stream = encode_text(run.tokenizer, train_text if split == "train" else val_text)

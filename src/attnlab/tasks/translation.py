@@ -16,10 +16,13 @@ import torch
 
 from attnlab.config import Config, check, check_literals
 from attnlab.data.translation import ParallelCorpus, collate, pad_batch, read_parallel, token_batches
+from attnlab.errors import UserError
 from attnlab.generate import beam_search, greedy_decode
 from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
 from attnlab.seeding import mix_seed
-from attnlab.tasks.base import Prepared, Run, RunSpec, Task
+from attnlab.tasks.base import Prepared, RunSpec, Task
+from attnlab.tasks.kinds import Kind
+from attnlab.tasks.loaded import LoadedModel
 from attnlab.tokenizers import ByteLevelBPE
 from attnlab.train.guards import activation_bytes
 from attnlab.train.losses import label_smoothed_cross_entropy, perplexity
@@ -131,6 +134,8 @@ class TranslationObjective:
     token-count batches, the label-smoothed teacher-forcing loss, validation loss + greedy BLEU."""
 
     best_metric = "val_bleu"
+    higher_is_better = True
+    leaves_parameters_unused = False
 
     def __init__(self, tokenizer, train: ParallelCorpus, val: ParallelCorpus, val_refs: list[str],
                  data_cfg: TranslationDataConfig, seed: int, pad_id: int, bos_id: int, eos_id: int):
@@ -170,7 +175,7 @@ class TranslationTask(Task):
     """Encoder–decoder translation runs ("seq2seq"): a joint byte-level BPE trained on both sides of
     the training split, the Transformer of Vaswani et al. 2017, sacreBLEU of beam search."""
 
-    model_type = "seq2seq"
+    model_type, kind = "seq2seq", Kind.SEQ2SEQ
     model_class = Seq2SeqTransformer
     model_config = Seq2SeqConfig
     data_config = TranslationDataConfig
@@ -205,7 +210,7 @@ class TranslationTask(Task):
         return Prepared(model_cfg, objective, save_files=lambda out: tokenizer.save(out / "tokenizer.json"),
                         summary=f"{len(train)} training pairs, {train.target_tokens()} target tokens per epoch")
 
-    def evaluate_run(self, run: Run, split: str | None, limit: int | None, beam: int | None = None) -> dict:
+    def evaluate_run(self, run: LoadedModel, split: str | None, limit: int | None, beam: int | None = None) -> dict:
         """sacreBLEU on a split ("val", "test" = the recipe's test split, or a file stem such as
         "test_2016_flickr") against the raw references, decoding with `beam` (default: the run's
         beam_size), the run's length_penalty and beam_stopping.
@@ -217,7 +222,7 @@ class TranslationTask(Task):
         splits = {"train": "train", "val": "val", "test": data.test_split, data.test_split: data.test_split}
         split = split or "test"
         if split not in splits:
-            raise ValueError(f"unknown split {split!r}; known: train, val, test (= {data.test_split})")
+            raise UserError(f"unknown split {split!r}; known: train, val, test (= {data.test_split})")
         name = splits[split]
         src, refs = read_parallel(data.dataset, name, data.src_lang, data.tgt_lang)
         if limit is not None:

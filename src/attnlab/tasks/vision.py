@@ -18,9 +18,12 @@ import torch.nn.functional as F
 
 from attnlab.config import Config, check, check_literals
 from attnlab.data.images import SPLIT_SEED, load_images, normalization, normalize, random_shift, read_image_file, split
+from attnlab.errors import UserError
 from attnlab.models.vit import ViTConfig, VisionTransformer
 from attnlab.seeding import mix_seed
-from attnlab.tasks.base import Prepared, Run, RunSpec, Task
+from attnlab.tasks.base import Prepared, RunSpec, Task
+from attnlab.tasks.kinds import Kind
+from attnlab.tasks.loaded import LoadedModel
 from attnlab.train.guards import activation_bytes
 
 
@@ -69,12 +72,13 @@ class ImageClassificationObjective:
 
     best_metric = "accuracy"
     higher_is_better = True
+    leaves_parameters_unused = False
     eval_batch_size = 500
 
     def __init__(self, train_images: torch.Tensor, train_labels: torch.Tensor, test_images: torch.Tensor,
                  test_labels: torch.Tensor, data_cfg: ImageDataConfig, seed: int, mean: float, std: float):
         if len(train_images) == 0 or len(test_images) == 0:
-            raise ValueError(f"need training and held-out images, got {len(train_images)} and {len(test_images)}")
+            raise UserError(f"need training and held-out images, got {len(train_images)} and {len(test_images)}")
         self.train_images, self.train_labels = train_images, train_labels
         self.test_images, self.test_labels = test_images, test_labels
         self.data_cfg, self.seed, self.mean, self.std = data_cfg, seed, mean, std
@@ -130,12 +134,12 @@ class ImageClassificationObjective:
 def _check_data(images: torch.Tensor, labels: torch.Tensor, model_cfg: ViTConfig, dataset: str) -> None:
     _, c, h, w = images.shape
     if c != model_cfg.in_channels:
-        raise ValueError(f"data set {dataset!r} has {c}-channel images, in_channels is {model_cfg.in_channels}")
+        raise UserError(f"data set {dataset!r} has {c}-channel images, in_channels is {model_cfg.in_channels}")
     if h != model_cfg.image_size or w != model_cfg.image_size:
-        raise ValueError(f"data set {dataset!r} has {h}×{w} images, image_size is {model_cfg.image_size}")
+        raise UserError(f"data set {dataset!r} has {h}×{w} images, image_size is {model_cfg.image_size}")
     if int(labels.max()) >= model_cfg.n_classes:
-        raise ValueError(f"data set {dataset!r} has labels up to {int(labels.max())}, n_classes is "
-                         f"{model_cfg.n_classes}")
+        raise UserError(f"data set {dataset!r} has labels up to {int(labels.max())}, n_classes is "
+                        f"{model_cfg.n_classes}")
 
 
 def image_splits(data_cfg: ImageDataConfig, model_cfg: ViTConfig,
@@ -152,6 +156,7 @@ class VisionTask(Task):
     normalised with the training split's statistics; accuracy on the held-out images."""
 
     model_type, model_class, model_config, data_config = "vit", VisionTransformer, ViTConfig, ImageDataConfig
+    kind, classifies, takes_images = Kind.CLASSIFIER, True, True
     rate_key = "images_per_s"
     run_files = ("config.json", "model.safetensors")
 
@@ -162,7 +167,7 @@ class VisionTask(Task):
         saved, model_cfg, data_cfg, train = super().read_config(path)
         norm = saved.get("normalization")
         if not isinstance(norm, dict) or not {"mean", "std"} <= set(norm):
-            raise ValueError(f"{path / 'config.json'}: missing section 'normalization' with mean and std")
+            raise UserError(f"{path / 'config.json'}: missing section 'normalization' with mean and std")
         return saved, model_cfg, data_cfg, train
 
     def batch_memory(self, model_cfg: ViTConfig, data_cfg: ImageDataConfig) -> tuple[str, int, int]:
@@ -181,7 +186,7 @@ class VisionTask(Task):
         return Prepared(model_cfg, objective, run_info=info,
                         summary=f"{len(data['train'][0])} training images, {len(data['test'][0])} held-out images")
 
-    def evaluate_run(self, run: Run, split: str | None, limit: int | None) -> dict:
+    def evaluate_run(self, run: LoadedModel, split: str | None, limit: int | None) -> dict:
         """Accuracy and mean cross-entropy on the held-out images ("test"; "val" is the same: these
         data sets have no third split) or the training images ("train", unaugmented).
 
@@ -190,7 +195,7 @@ class VisionTask(Task):
         """
         split = split or "test"
         if split not in ("train", "val", "test"):
-            raise ValueError(f"unknown split {split!r}; known: train, test (val = test: one held-out split)")
+            raise UserError(f"unknown split {split!r}; known: train, test (val = test: one held-out split)")
         data_cfg = ImageDataConfig.from_dict(run.config["data"])
         name = "train" if split == "train" else "test"
         images, labels = image_splits(data_cfg, run.model.cfg, run.config.get("split_seed", SPLIT_SEED))[name]
@@ -201,7 +206,7 @@ class VisionTask(Task):
         return {"split": name, "n": record["n"], "accuracy": record["accuracy"], "loss": record["test_loss"]}
 
     @torch.no_grad()
-    def classify(self, run: Run, inputs: list[str]) -> list[tuple[str, float]]:
+    def classify(self, run: LoadedModel, inputs: list[str]) -> list[tuple[str, float]]:
         """The most probable class of each image file, and its softmax probability.
 
         Each file (PNG, JPEG or PGM) is read as grayscale in [0, 1] at its own size and normalised as in
@@ -214,7 +219,7 @@ class VisionTask(Task):
                 is not divisible by the patch size; ValueError when no file is given.
         """
         if not inputs:
-            raise ValueError("give image files to classify")
+            raise UserError("give image files to classify")
         model, norm, labels = run.model, run.config["normalization"], run.config.get("labels")
         cfg = model.cfg
         results = []
@@ -224,7 +229,7 @@ class VisionTask(Task):
                 image = image.expand(cfg.in_channels, -1, -1)
             h, w = image.shape[-2:]
             if h % cfg.patch_size or w % cfg.patch_size:
-                raise ValueError(f"{f}: image size {h}×{w} is not divisible by patch_size {cfg.patch_size}")
+                raise UserError(f"{f}: image size {h}×{w} is not divisible by patch_size {cfg.patch_size}")
             probs = model(normalize(image[None], norm["mean"], norm["std"])).float().softmax(-1)[0]  # (K,)
             p, k = probs.max(-1)
             label = labels[int(k)] if isinstance(labels, list) and int(k) < len(labels) else str(int(k))

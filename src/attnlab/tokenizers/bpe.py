@@ -21,6 +21,8 @@ from .pretokenize import compile_pattern, resolve_pattern, specials_regex, split
 from .pretokenize import token_to_unicode, unicode_to_token
 from .trainer import learn_merges
 
+from attnlab.errors import UnknownName, UserError
+
 AllowedSpecial = Union[Literal["all", "none"], Collection[str]]
 _CACHE_SIZE = 1 << 17
 
@@ -54,12 +56,12 @@ class ByteLevelBPE:
         self._regex = pattern_regex if pattern_regex is not None else resolve_pattern(pattern)
         self._compiled = compile_pattern(self._regex)
         if normalizer not in (None, "NFC", "NFD", "NFKC", "NFKD"):
-            raise ValueError(f"normalizer must be None, NFC, NFD, NFKC or NFKD, got {normalizer!r}")
+            raise UserError(f"normalizer must be None, NFC, NFD, NFKC or NFKD, got {normalizer!r}")
         self._normalizer, self._ignore_merges = normalizer, bool(ignore_merges)
         self._token_bytes = {int(i): bytes(b) for i, b in token_bytes.items()}
         self._bytes_to_id = {b: i for i, b in self._token_bytes.items()}
         if len(self._bytes_to_id) != len(self._token_bytes):
-            raise ValueError("token_bytes holds two ids with the same bytes")
+            raise UserError("token_bytes holds two ids with the same bytes")
         self._byte_ids = [self._bytes_to_id.get(bytes([b])) for b in range(256)]
         self._all_bytes = None not in self._byte_ids
         self._unk_id, self._fuse_unk = unk_id, bool(fuse_unk)
@@ -67,21 +69,21 @@ class ByteLevelBPE:
         self._ranks: dict[tuple[int, int], tuple[int, int]] = {}
         for rank, (a, b) in enumerate(self._merges):
             if a not in self._token_bytes or b not in self._token_bytes:
-                raise ValueError(f"merge {rank} ({a}, {b}) uses an unknown token id")
+                raise UserError(f"merge {rank} ({a}, {b}) uses an unknown token id")
             new = self._bytes_to_id.get(self._token_bytes[a] + self._token_bytes[b])
             if new is None:
-                raise ValueError(f"merge {rank} ({a}, {b}): the merged token is not in the vocab")
+                raise UserError(f"merge {rank} ({a}, {b}): the merged token is not in the vocab")
             self._ranks[(a, b)] = (rank, new)  # a repeated pair keeps its last rank, as HF
         self._added = {str(c): int(i) for c, i, _ in added_tokens}
         if len(self._added) != len(added_tokens) or "" in self._added:
-            raise ValueError("added tokens must be distinct non-empty strings")
+            raise UserError("added tokens must be distinct non-empty strings")
         self._special_ids = {int(i) for _, i, special in added_tokens if special}
         for content, i in self._added.items():
             if i in self._token_bytes and self._token_bytes[i] != content.encode("utf-8"):
-                raise ValueError(f"added token {content!r} reuses id {i} of another token")
+                raise UserError(f"added token {content!r} reuses id {i} of another token")
         if unk_id is not None and unk_id not in self._token_bytes \
                 and unk_id not in self._added.values():
-            raise ValueError(f"unk_id {unk_id} is not a token id")
+            raise UserError(f"unk_id {unk_id} is not a token id")
         self._build_tables()
 
     def _build_tables(self) -> None:
@@ -122,11 +124,11 @@ class ByteLevelBPE:
         """
         specials = list(special_tokens)
         if len(set(specials)) != len(specials) or "" in specials:
-            raise ValueError(f"special_tokens must be distinct non-empty strings, got {specials}")
+            raise UserError(f"special_tokens must be distinct non-empty strings, got {specials}")
         minimum = 256 + len(specials)
         if vocab_size < minimum:
-            raise ValueError(f"vocab_size={vocab_size} is too small: the minimum is {minimum} "
-                             f"(256 bytes + {len(specials)} special tokens)")
+            raise UserError(f"vocab_size={vocab_size} is too small: the minimum is {minimum} "
+                            f"(256 bytes + {len(specials)} special tokens)")
         compiled = compile_pattern(resolve_pattern(pattern))
         cutter = specials_regex(specials) if specials else None
         counts: Counter[str] = Counter()
@@ -178,13 +180,13 @@ class ByteLevelBPE:
     def _special_cutter(self, allowed: AllowedSpecial) -> regex.Pattern | None:
         if isinstance(allowed, str):
             if allowed not in ("all", "none"):
-                raise ValueError(f"allowed_special must be 'all', 'none' or a set, got {allowed!r}")
+                raise UserError(f"allowed_special must be 'all', 'none' or a set, got {allowed!r}")
             names = frozenset(self._added) if allowed == "all" else frozenset()
         else:
             names = frozenset(allowed)
             unknown = sorted(names - self._added.keys())
             if unknown:
-                raise ValueError(f"allowed_special has unknown special tokens {unknown}")
+                raise UserError(f"allowed_special has unknown special tokens {unknown}")
         if not names:
             return None
         if names not in self._special_res:
@@ -244,8 +246,8 @@ class ByteLevelBPE:
             return b"".join([table[i] for i in ids]).decode("utf-8", errors="replace")
         except (IndexError, TypeError):
             bad = next(i for i in ids if not 0 <= i < len(table) or table[i] is None)
-            raise ValueError(f"token id {bad} is not in the vocabulary "
-                             f"(vocab_size={self._vocab_size})") from None
+            raise UserError(f"token id {bad} is not in the vocabulary "
+                            f"(vocab_size={self._vocab_size})") from None
 
     # ----------------------------------------------------------------------------- vocabulary
     def token_to_id(self, token: str) -> int:
@@ -259,7 +261,7 @@ class ByteLevelBPE:
         try:
             return self._bytes_to_id[unicode_to_token(token)]
         except (KeyError, ValueError):
-            raise KeyError(f"token {token!r} is not in the vocabulary") from None
+            raise UnknownName(f"token {token!r} is not in the vocabulary") from None
 
     def id_to_token(self, token_id: int) -> str:
         """The `tokenizer.json` spelling of an id (e.g. " the" -> "Ġthe"; specials as is).
@@ -272,7 +274,7 @@ class ByteLevelBPE:
                 return content
         if token_id in self._token_bytes:
             return token_to_unicode(self._token_bytes[token_id])
-        raise KeyError(f"token id {token_id} is not in the vocabulary "
+        raise UnknownName(f"token id {token_id} is not in the vocabulary "
                        f"(vocab_size={self._vocab_size})")
 
     def token_bytes(self, token_id: int) -> bytes:
@@ -283,7 +285,7 @@ class ByteLevelBPE:
         """
         table = self._decode_table
         if not 0 <= token_id < len(table) or table[token_id] is None:
-            raise KeyError(f"token id {token_id} is not in the vocabulary (vocab_size={self._vocab_size})")
+            raise UnknownName(f"token id {token_id} is not in the vocabulary (vocab_size={self._vocab_size})")
         return table[token_id]
 
     @property
@@ -350,7 +352,7 @@ class ByteLevelBPE:
         try:
             return cls(**kwargs)
         except ValueError as err:
-            raise ValueError(f"{where}: {err}") from None
+            raise UserError(f"{where}: {err}") from None
 
 
 def load_tokenizer(path) -> ByteLevelBPE:

@@ -29,6 +29,8 @@ from .bpe import ByteLevelBPE
 from .pretokenize import DIGITS_GPT2_PATTERN, GPT2_PATTERN, GPT4_PATTERN, pattern_name
 from .pretokenize import unicode_to_token
 
+from attnlab.errors import UserError
+
 QWEN2_PATTERN = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"""
     r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
@@ -93,7 +95,7 @@ def read_gguf_tokenizer(path, pre: str | None = None) -> GGUFTokenizer:
     try:
         return tokenizer_from_metadata(metadata, pre)
     except ValueError as err:
-        raise ValueError(f"{path}: {err}") from None
+        raise UserError(f"{path}: {err}") from None
 
 
 def read_gguf_metadata(path) -> dict[str, Any]:
@@ -113,7 +115,7 @@ def read_gguf_metadata(path) -> dict[str, Any]:
         return {name: f.contents() for name, f in reader.fields.items()
                 if not name.startswith("GGUF.")}
     except (ValueError, IndexError, UnicodeDecodeError, OSError) as err:
-        raise ValueError(f"{path}: not a valid GGUF file ({err})") from None
+        raise UserError(f"{path}: not a valid GGUF file ({err})") from None
 
 
 def tokenizer_from_metadata(metadata: Mapping[str, Any], pre: str | None = None
@@ -125,17 +127,17 @@ def tokenizer_from_metadata(metadata: Mapping[str, Any], pre: str | None = None
     """
     model = metadata.get(_PREFIX + "model")
     if model != "gpt2":
-        raise ValueError(f"{_PREFIX}model is {model!r}; only 'gpt2' (byte-level BPE) is "
-                         "supported")
+        raise UserError(f"{_PREFIX}model is {model!r}; only 'gpt2' (byte-level BPE) is "
+                        "supported")
     pre = pre if pre is not None else metadata.get(_PREFIX + "pre")
     if pre not in PRE_PATTERNS:
-        raise ValueError(f"{_PREFIX}pre is {pre!r}; supported: {sorted(PRE_PATTERNS)} "
-                         "(pass pre=... to choose one)")
+        raise UserError(f"{_PREFIX}pre is {pre!r}; supported: {sorted(PRE_PATTERNS)} "
+                        "(pass pre=... to choose one)")
     tokens = _list(metadata, "tokens", str)
     types = _list(metadata, "token_type", int) if _PREFIX + "token_type" in metadata \
         else [NORMAL] * len(tokens)
     if len(types) != len(tokens):
-        raise ValueError(f"{_PREFIX}token_type has {len(types)} entries for {len(tokens)} tokens")
+        raise UserError(f"{_PREFIX}token_type has {len(types)} entries for {len(tokens)} tokens")
     token_bytes, added, spelled = {}, [], {}
     for i, (token, kind) in enumerate(zip(tokens, types)):
         if kind in (CONTROL, USER_DEFINED):
@@ -144,13 +146,13 @@ def tokenizer_from_metadata(metadata: Mapping[str, Any], pre: str | None = None
         try:
             token_bytes[i] = unicode_to_token(token)
         except ValueError as err:
-            raise ValueError(f"{_PREFIX}tokens[{i}]: {err}") from None
+            raise UserError(f"{_PREFIX}tokens[{i}]: {err}") from None
         spelled[token] = i
     merges = []
     for k, merge in enumerate(_list(metadata, "merges", str)):
         parts = merge.split(" ")
         if len(parts) != 2 or parts[0] not in spelled or parts[1] not in spelled:
-            raise ValueError(f"{_PREFIX}merges[{k}] = {merge!r} is not a pair of vocab tokens")
+            raise UserError(f"{_PREFIX}merges[{k}] = {merge!r} is not a pair of vocab tokens")
         merges.append((spelled[parts[0]], spelled[parts[1]]))
     split = PRE_PATTERNS[pre]
     tok = ByteLevelBPE(token_bytes, merges, added, pattern=pattern_name(split),
@@ -167,7 +169,7 @@ def tokenizer_from_metadata(metadata: Mapping[str, Any], pre: str | None = None
 def _list(metadata: Mapping[str, Any], key: str, kind: type) -> list:
     value = metadata.get(_PREFIX + key)
     if not isinstance(value, list) or not all(isinstance(v, kind) for v in value):
-        raise ValueError(f"{_PREFIX}{key} is missing or not a list of {kind.__name__}")
+        raise UserError(f"{_PREFIX}{key} is missing or not a list of {kind.__name__}")
     return value
 
 

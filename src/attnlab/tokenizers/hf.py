@@ -22,6 +22,7 @@ from typing import Any
 import regex
 
 from attnlab import jsonfile
+from attnlab.errors import UserError
 
 from .pretokenize import DIGITS_GPT2_PATTERN, GPT2_PATTERN, pattern_name, token_to_unicode
 from .pretokenize import unicode_to_token
@@ -72,8 +73,8 @@ def to_tokenizer_json(token_bytes: dict[int, bytes], merges: list[tuple[int, int
         vocab[token_to_unicode(b)] = i
     for content, i in sorted(added.items(), key=lambda x: x[1]):
         if vocab.setdefault(content, i) != i:
-            raise ValueError(f"added token {content!r} (id {i}) collides with vocab token "
-                             f"id {vocab[content]} of the same spelling")
+            raise UserError(f"added token {content!r} (id {i}) collides with vocab token "
+                            f"id {vocab[content]} of the same spelling")
     spell = {i: token_to_unicode(b) for i, b in token_bytes.items()}
     names = {**spell, **{i: c for c, i in added.items()}}
     if pattern == "gpt2" and regex == GPT2_PATTERN:
@@ -118,42 +119,42 @@ def from_tokenizer_json(data: dict[str, Any], where: str = NAME) -> dict[str, An
     """
     model = data.get("model")
     if not isinstance(model, dict):
-        raise ValueError(f"{where}: missing 'model' object")
+        raise UserError(f"{where}: missing 'model' object")
     if model.get("type", "BPE") != "BPE":
-        raise ValueError(f"{where}: model.type is {model.get('type')!r}, expected 'BPE'")
+        raise UserError(f"{where}: model.type is {model.get('type')!r}, expected 'BPE'")
     for key in ("continuing_subword_prefix", "end_of_word_suffix"):
         if model.get(key):
-            raise ValueError(f"{where}: model.{key} is {model[key]!r}; byte-level BPE has none")
+            raise UserError(f"{where}: model.{key} is {model[key]!r}; byte-level BPE has none")
     if model.get("byte_fallback"):
-        raise ValueError(f"{where}: model.byte_fallback is true (SentencePiece-style), unsupported")
+        raise UserError(f"{where}: model.byte_fallback is true (SentencePiece-style), unsupported")
     vocab, merges = model.get("vocab"), model.get("merges")
     if not isinstance(vocab, dict) or not isinstance(merges, list):
-        raise ValueError(f"{where}: model.vocab must be an object and model.merges a list")
+        raise UserError(f"{where}: model.vocab must be an object and model.merges a list")
     added = _parse_added(data.get("added_tokens") or [], where)
     added_ids = {i: c for c, i, _ in added}
     token_bytes: dict[int, bytes] = {}
     for spelling, i in vocab.items():
         if not isinstance(i, int) or i < 0:
-            raise ValueError(f"{where}: model.vocab[{spelling!r}] is {i!r}, expected an id >= 0")
+            raise UserError(f"{where}: model.vocab[{spelling!r}] is {i!r}, expected an id >= 0")
         if added_ids.get(i) == spelling:
             continue
         try:
             token_bytes[i] = unicode_to_token(spelling)
         except ValueError as err:
-            raise ValueError(f"{where}: model.vocab token {err}") from None
+            raise UserError(f"{where}: model.vocab token {err}") from None
     ids = {token_to_unicode(b): i for i, b in token_bytes.items()}
     pairs = []
     for k, merge in enumerate(merges):
         parts = merge.split(" ") if isinstance(merge, str) else merge
         if not isinstance(parts, list) or len(parts) != 2 or not all(p in ids for p in parts):
-            raise ValueError(f"{where}: model.merges[{k}] = {merge!r} is not a pair of "
-                             "vocab tokens")
+            raise UserError(f"{where}: model.merges[{k}] = {merge!r} is not a pair of "
+                            "vocab tokens")
         pairs.append((ids[parts[0]], ids[parts[1]]))
     source = _parse_pre_tokenizer(data.get("pre_tokenizer"), where)
     unk = model.get("unk_token")
     unk_id = {**ids, **{c: i for c, i, _ in added}}.get(unk) if unk is not None else None
     if unk is not None and unk_id is None:
-        raise ValueError(f"{where}: model.unk_token {unk!r} is not in the vocab")
+        raise UserError(f"{where}: model.unk_token {unk!r} is not in the vocab")
     return {"token_bytes": token_bytes, "merges": pairs, "added_tokens": added,
             "unk_id": unk_id, "fuse_unk": bool(model.get("fuse_unk", False)),
             "pattern": pattern_name(source), "pattern_regex": source,
@@ -166,7 +167,7 @@ def _parse_added(items: list, where: str) -> list[tuple[str, int, bool]]:
     for k, item in enumerate(items):
         if not isinstance(item, dict) or not isinstance(item.get("content"), str) \
                 or not isinstance(item.get("id"), int):
-            raise ValueError(f"{where}: added_tokens[{k}] needs a string 'content' and an int 'id'")
+            raise UserError(f"{where}: added_tokens[{k}] needs a string 'content' and an int 'id'")
         out.append((item["content"], item["id"], bool(item.get("special", False))))
     return out
 
@@ -176,8 +177,8 @@ def _parse_normalizer(norm: Any, where: str) -> str | None:
         return None
     kind = norm.get("type") if isinstance(norm, dict) else None
     if kind not in ("NFC", "NFD", "NFKC", "NFKD"):
-        raise ValueError(f"{where}: normalizer type {kind!r} is unsupported "
-                         "(expected null, NFC, NFD, NFKC or NFKD)")
+        raise UserError(f"{where}: normalizer type {kind!r} is unsupported "
+                        "(expected null, NFC, NFD, NFKC or NFKD)")
     return kind
 
 
@@ -192,26 +193,26 @@ def _parse_pre_tokenizer(pre: Any, where: str) -> str:
         if isinstance(split, dict) and split.get("type") == "Digits" \
                 and isinstance(byte_level, dict) and byte_level.get("type") == "ByteLevel":
             if not split.get("individual_digits", False):
-                raise ValueError(f"{where}: pre_tokenizer Digits needs individual_digits true")
+                raise UserError(f"{where}: pre_tokenizer Digits needs individual_digits true")
             _check_byte_level(byte_level, where, use_regex=True)
             return DIGITS_GPT2_PATTERN  # StarCoder / SmolLM style
         if isinstance(split, dict) and split.get("type") == "Split" \
                 and isinstance(byte_level, dict) and byte_level.get("type") == "ByteLevel":
             _check_byte_level(byte_level, where, use_regex=False)
             if split.get("behavior") != "Isolated" or split.get("invert", False):
-                raise ValueError(f"{where}: pre_tokenizer Split must have behavior 'Isolated' "
-                                 f"and invert false, got {split.get('behavior')!r}")
+                raise UserError(f"{where}: pre_tokenizer Split must have behavior 'Isolated' "
+                                f"and invert false, got {split.get('behavior')!r}")
             pattern = split.get("pattern") or {}
             if isinstance(pattern.get("Regex"), str):
                 return pattern["Regex"]
             if isinstance(pattern.get("String"), str):
                 return regex.escape(pattern["String"])
-    raise ValueError(f"{where}: pre_tokenizer must be ByteLevel or Sequence[Split, ByteLevel] "
-                     f"for byte-level BPE, got {kind!r}")
+    raise UserError(f"{where}: pre_tokenizer must be ByteLevel or Sequence[Split, ByteLevel] "
+                    f"for byte-level BPE, got {kind!r}")
 
 
 def _check_byte_level(pre: dict, where: str, use_regex: bool) -> None:
     if pre.get("add_prefix_space", False):
-        raise ValueError(f"{where}: ByteLevel add_prefix_space=true is unsupported")
+        raise UserError(f"{where}: ByteLevel add_prefix_space=true is unsupported")
     if bool(pre.get("use_regex", True)) != use_regex:
-        raise ValueError(f"{where}: ByteLevel use_regex must be {str(use_regex).lower()} here")
+        raise UserError(f"{where}: ByteLevel use_regex must be {str(use_regex).lower()} here")

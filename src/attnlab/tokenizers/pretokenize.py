@@ -26,6 +26,8 @@ from typing import Iterable
 
 import regex
 
+from attnlab.errors import UserError
+
 GPT2_PATTERN = (
     r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 )
@@ -57,7 +59,7 @@ def resolve_pattern(name: str) -> str:
     try:
         return PATTERNS[name]
     except (KeyError, TypeError):
-        raise ValueError(f"pattern must be one of {sorted(PATTERNS)}, got {name!r}") from None
+        raise UserError(f"pattern must be one of {sorted(PATTERNS)}, got {name!r}") from None
 
 
 def pattern_name(source: str) -> str:
@@ -78,7 +80,7 @@ def compile_pattern(source: str) -> regex.Pattern:
     try:
         return regex.compile(source)
     except regex.error as err:
-        raise ValueError(f"invalid pre-tokenization regex {source!r}: {err}") from None
+        raise UserError(f"invalid pre-tokenization regex {source!r}: {err}") from None
 
 
 def split_isolated(compiled: regex.Pattern, text: str) -> list[str]:
@@ -175,5 +177,5 @@ def unicode_to_token(text: str) -> bytes:
     try:
         return bytes(table[char] for char in text)
     except KeyError as err:
-        raise ValueError(f"{text!r} has character {err.args[0]!r} outside the byte-level "
-                         "alphabet") from None
+        raise UserError(f"{text!r} has character {err.args[0]!r} outside the byte-level "
+                        "alphabet") from None

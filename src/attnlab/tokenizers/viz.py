@@ -14,6 +14,8 @@ from typing import Sequence
 from .merge import merge_word
 from .trainer import learn_merges
 
+from attnlab.errors import UserError
+
 
 @dataclass
 class MergeStep:
@@ -49,9 +51,9 @@ def merge_steps(words: str | Sequence[str], n_merges: int = 10) -> MergeTrace:
     """
     items = words.split() if isinstance(words, str) else [w for w in words if w]
     if not items:
-        raise ValueError("viz needs at least one word, e.g. --words \"low lower newest\"")
+        raise UserError("viz needs at least one word, e.g. --words \"low lower newest\"")
     if n_merges < 0:
-        raise ValueError(f"n_merges must be >= 0, got {n_merges}")
+        raise UserError(f"n_merges must be >= 0, got {n_merges}")
     counts: dict[bytes, int] = {}
     for word in items:
         key = word.encode("utf-8")

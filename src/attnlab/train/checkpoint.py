@@ -17,10 +17,11 @@ from pathlib import Path
 
 import torch
 
+from attnlab.errors import UserError
 from attnlab.files import atomic_directory, link_or_copy, recover_directory
 from attnlab.jsonfile import read_json
 from attnlab.tensorfile import load_model_weights, model_tensors, read_tensors, save_tensors, write_tensors
-from attnlab.train.state import check_param_groups, validate_state
+from attnlab.train.state import TrainState, check_param_groups, validate_state
 
 BEST_FILE = "best.safetensors"
 
@@ -60,7 +61,7 @@ def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
 
 
 def save_training_state(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                        state: dict, best: Path | None = None) -> None:
+                        state: TrainState, best: Path | None = None) -> None:
     """Write the resumable state into `folder` as a whole, atomically (module docstring).
 
     Args:
@@ -79,7 +80,7 @@ def save_training_state(folder: Path, model: torch.nn.Module, optimizer: torch.o
         write_tensors(tmp / "rng.safetensors", rng)
         if best is not None and best.is_file():
             link_or_copy(best, tmp / BEST_FILE)
-        (tmp / "state.json").write_text(json.dumps({**state, "optimizer": meta}, indent=2))
+        (tmp / "state.json").write_text(json.dumps({**state.to_json(), "optimizer": meta}, indent=2))
 
 
 def _optimizer_state(path: Path, optimizer: torch.optim.Optimizer, meta: dict, state_path: Path) -> dict:
@@ -96,15 +97,15 @@ def _optimizer_state(path: Path, optimizer: torch.optim.Optimizer, meta: dict, s
         per_param.setdefault(int(idx), {})[name] = value
     partial = sorted(i for i, entries in per_param.items() if len(entries) != len(names))
     if partial:
-        raise ValueError(f"{path}: parameter {partial[0]} has only {sorted(per_param[partial[0]])} of {list(names)}")
+        raise UserError(f"{path}: parameter {partial[0]} has only {sorted(per_param[partial[0]])} of {list(names)}")
     if len(per_param) != meta["n_states"]:
-        raise ValueError(f"{path} holds the state of {len(per_param)} parameters, {state_path} says "
-                         f"{meta['n_states']}; the checkpoint is damaged")
+        raise UserError(f"{path} holds the state of {len(per_param)} parameters, {state_path} says "
+                        f"{meta['n_states']}; the checkpoint is damaged")
     check_param_groups(meta["param_groups"], optimizer.state_dict()["param_groups"], state_path)
     return {"state": per_param, "param_groups": meta["param_groups"]}
 
 
-def read_state(folder: Path) -> dict:
+def read_state(folder: Path) -> TrainState:
     """The validated state.json of the checkpoint `folder` (train/state.py), read only.
 
     Raises:
@@ -116,9 +117,9 @@ def read_state(folder: Path) -> dict:
     return validate_state(read_json(path), path)
 
 
-def load_training_state(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+def load_training_state(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> TrainState:
     """Restore model, optimizer and torch RNG from save_training_state's folder (after undoing a
-    replacement a crash interrupted); returns the validated state.json.
+    replacement a crash interrupted); returns the validated state.json (its optimizer settings included).
 
     Raises:
         FileNotFoundError: when there is no checkpoint to resume from.
@@ -128,7 +129,7 @@ def load_training_state(folder: Path, model: torch.nn.Module, optimizer: torch.o
     recover_directory(folder)
     state = read_state(folder)
     load_weights(model, folder / "model.safetensors")
-    moments = _optimizer_state(folder / "optimizer.safetensors", optimizer, state["optimizer"], folder / "state.json")
+    moments = _optimizer_state(folder / "optimizer.safetensors", optimizer, state.optimizer, folder / "state.json")
     optimizer.load_state_dict(moments)
     rng = read_tensors(folder / "rng.safetensors", {"torch": (tuple(torch.get_rng_state().shape), torch.uint8)})
     torch.set_rng_state(rng["torch"])

@@ -26,6 +26,8 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
+from attnlab.errors import UserError
+
 TIMEOUT_ENV = "ATTNLAB_COLLECTIVE_TIMEOUT"
 DEFAULT_TIMEOUT_S = 300.0
 
@@ -55,7 +57,7 @@ def _env_int(name: str) -> int:
     try:
         return int(value)
     except ValueError:
-        raise ValueError(f"${name} must be an integer (set by torchrun), got {value!r}") from None
+        raise UserError(f"${name} must be an integer (set by torchrun), got {value!r}") from None
 
 
 def world_from_env() -> World:
@@ -70,18 +72,18 @@ def world_from_env() -> World:
         return World()
     size = _env_int("WORLD_SIZE")
     if size < 1:
-        raise ValueError(f"mismatched world size: $WORLD_SIZE must be >= 1, got {size}")
+        raise UserError(f"mismatched world size: $WORLD_SIZE must be >= 1, got {size}")
     if size == 1:
         return World()
     rank = _env_int("RANK") if "RANK" in os.environ else -1
     local = _env_int("LOCAL_RANK") if "LOCAL_RANK" in os.environ else rank
     if not 0 <= rank < size or not 0 <= local < size:
-        raise ValueError(f"mismatched world size: RANK={os.environ.get('RANK')} and LOCAL_RANK="
-                         f"{os.environ.get('LOCAL_RANK')} must be in 0..{size - 1} for WORLD_SIZE={size}")
+        raise UserError(f"mismatched world size: RANK={os.environ.get('RANK')} and LOCAL_RANK="
+                        f"{os.environ.get('LOCAL_RANK')} must be in 0..{size - 1} for WORLD_SIZE={size}")
     for name in ("MASTER_ADDR", "MASTER_PORT"):
         if not os.environ.get(name):
-            raise ValueError(f"${name} is not set: start multi-process training with torchrun "
-                             f"(torchrun --nproc_per_node N -m attnlab train ...) or attnlab train --nproc N")
+            raise UserError(f"${name} is not set: start multi-process training with torchrun "
+                            f"(torchrun --nproc_per_node N -m attnlab train ...) or attnlab train --nproc N")
     return World(rank, size, local, torch.device("cpu"))
 
 
@@ -97,7 +99,7 @@ def collective_timeout() -> timedelta:
     except ValueError:
         seconds = -1.0
     if not 0 < seconds < float("inf"):
-        raise ValueError(f"${TIMEOUT_ENV} must be a number of seconds > 0, got {text!r}")
+        raise UserError(f"${TIMEOUT_ENV} must be a number of seconds > 0, got {text!r}")
     return timedelta(seconds=seconds)
 
 

@@ -1,4 +1,4 @@
-"""The end of a training run, as stages recorded in the checkpoint (state["end"]), so that a kill at any
+"""The end of a training run, as stages recorded in the checkpoint (state.end), so that a kill at any
 instant resumes at the stage it interrupted and ends with exactly the uninterrupted result:
 
     1. final evaluation (unless the last step was just evaluated), then a checkpoint with its
@@ -36,7 +36,7 @@ def average_snapshots(model: torch.nn.Module, paths: list[Path]) -> None:
 def evaluate_average(trainer) -> dict | None:
     """Evaluate the average of the trainer's listed snapshots (kept as the best weights when it is
     better), then put the trained weights back; None with fewer than two snapshots."""
-    steps = trainer.state["snapshots"] if trainer.cfg.average_last else []
+    steps = trainer.state.snapshots if trainer.cfg.average_last else []
     if len(steps) < 2:
         return None
     if trainer.main:  # the one process that evaluates (several processes: train/loop.py)
@@ -59,15 +59,15 @@ def finish(trainer) -> dict:
         guards.TrainingInterrupted: when a stop signal arrived (after the stage's checkpoint).
     """
     s = trainer.state
-    if s["end"] is None:
-        if s["last_eval"] is None or s["last_eval"]["step"] != s["step"]:
+    if s.end is None:
+        if s.last_eval is None or s.last_eval["step"] != s.step:
             trainer._evaluate()
-        s["end"] = "evaluated"
+        s.end = "evaluated"
         trainer._save(snapshot=bool(trainer.cfg.average_last))
         if trainer.stop_requested():
             raise TrainingInterrupted(trainer.signals.signum or signal.SIGTERM)
-    if s["end"] == "evaluated":
+    if s.end == "evaluated":
         evaluate_average(trainer)
-        s["end"] = "done"
+        s.end = "done"
         trainer._save()
-    return {**s["last_eval"], "best": s["best"], "best_step": s["best_step"]}
+    return {**s.last_eval, "best": s.best, "best_step": s.best_step}

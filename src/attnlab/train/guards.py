@@ -13,6 +13,7 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
+from attnlab.errors import NonFiniteError, UserError
 from attnlab.files import format_bytes
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C; what schedulers and `docker stop` send
@@ -81,7 +82,7 @@ def check_finite_weights(model: torch.nn.Module, step: int, agree: Callable[[boo
         return
     bad = next((name for name, p in model.named_parameters() if not bool(torch.isfinite(_local(p)).all())),
                "a parameter of another process")
-    raise FloatingPointError(
+    raise NonFiniteError(
         f"the update of step {step} made {bad} non-finite (NaN or inf): training diverged (lower lr / "
         f"lr_factor or raise warmup_steps); stopped before writing it, the last checkpoint is intact")
 
@@ -109,6 +110,6 @@ def check_batch_memory(field: str, value, tokens: int, need: int) -> None:
     """
     total = physical_memory()
     if total and need > total:
-        raise ValueError(f"{field}={value}: one batch of {tokens:,} tokens needs at least {format_bytes(need)} of "
-                         f"activations (tokens × d_model × layers × 4 bytes), more than this machine's "
-                         f"{format_bytes(total)} of memory; lower {field}")
+        raise UserError(f"{field}={value}: one batch of {tokens:,} tokens needs at least {format_bytes(need)} of "
+                        f"activations (tokens × d_model × layers × 4 bytes), more than this machine's "
+                        f"{format_bytes(total)} of memory; lower {field}")

@@ -1,10 +1,7 @@
 """One training loop for every recipe.
 
-An objective (made by a task family, tasks/) supplies the data and the loss: `batches(epoch)` (a
-deterministic list of batches for that epoch), `loss(model, batch) -> (loss, n_tokens)`,
-`evaluate(model) -> dict`, `best_metric` (a key of evaluate()'s dict) and optionally
-`higher_is_better` (default True). The loop owns the
-optimiser and schedule, gradient accumulation (token-weighted) and clipping, the budgets, logging (progress bar on
+An objective (train/objective.py's Objective, made by a task family, tasks/) supplies the data and
+the loss. The loop owns the optimiser and schedule, gradient accumulation (token-weighted) and clipping, the budgets, logging (progress bar on
 stderr, metrics.jsonl), checkpoints, resuming, keeping the best weights and averaging the last ones.
 
 Crash safety: a fresh run writes a checkpoint of step 0 before anything else, so a run directory
@@ -34,6 +31,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from attnlab.errors import NonFiniteError, UserError
 from attnlab.files import DiskFullError, crash_point
 from attnlab.train import distributed
 from attnlab.train.checkpoint import load_training_state, save_training_state, save_weights
@@ -43,7 +41,8 @@ from attnlab.train.guards import StopSignals, TrainingInterrupted, check_finite_
 from attnlab.train.optim import build_optimizer, cosine_lr, noam_lr, set_lr
 from attnlab.train.parallel import OneProcess
 from attnlab.train.run_dir import CHECKPOINT_DIR, align_with_checkpoint, take_snapshot
-from attnlab.train.state import new_state
+from attnlab.train.objective import Objective
+from attnlab.train.state import TrainState
 
 log = logging.getLogger("attnlab")
 
@@ -55,7 +54,7 @@ def learning_rate(cfg: TrainConfig, step: int, d_model: int) -> float:
     if cfg.lr_schedule == "cosine":
         decay_steps = cfg.lr_decay_steps or cfg.max_steps
         if decay_steps is None:
-            raise ValueError("lr_schedule 'cosine' needs lr_decay_steps or a step budget (--steps)")
+            raise UserError("lr_schedule 'cosine' needs lr_decay_steps or a step budget (max_steps)")
         return cosine_lr(step, cfg.lr, cfg.min_lr, cfg.warmup_steps, decay_steps)
     return cfg.lr * min(1.0, step / cfg.warmup_steps)
 
@@ -73,24 +72,25 @@ def optimizer_factory(cfg: TrainConfig):
 
 
 class Trainer:
-    """Trains `model` on `task` under `cfg`, writing into run directory `out`.
+    """Trains `model` on `objective` under `cfg`, writing into run directory `out`.
 
     Args:
-        model: the module to train. task: see the module docstring. cfg: TrainConfig.
+        model: the module to train. objective: its data and loss (train/objective.py). cfg: TrainConfig.
         out: run directory (holds model.safetensors = best weights, metrics.jsonl, checkpoint/).
-        d_model: model width, for the Noam schedule.
+        d_model: the model's width D, for the Noam schedule (lr ∝ D^-0.5).
         strategy: how the model runs over processes (train/parallel.make_strategy, built with
             make_optimizer); None: this process alone.
     """
 
-    def __init__(self, model: torch.nn.Module, task, cfg: TrainConfig, out: Path, d_model: int, strategy=None):
-        self.task, self.cfg, self.out, self.d_model = task, cfg, Path(out), d_model
-        self.strategy = strategy or OneProcess(model, task, optimizer_factory(cfg))
+    def __init__(self, model: torch.nn.Module, objective: Objective, cfg: TrainConfig, out: Path, d_model: int,
+                 strategy=None):
+        self.objective, self.cfg, self.out, self.d_model = objective, cfg, Path(out), d_model
+        self.strategy = strategy or OneProcess(model, objective, optimizer_factory(cfg))
         self.model = self.strategy.model          # the plain model: evaluated and saved
         self.optimizer = self.strategy.optimizer  # its optimizer: saved in checkpoints
         self.main = self.strategy.world.is_main
         self.signals = StopSignals()
-        self.state = new_state()
+        self.state = TrainState()
         self._resumed = False
 
     def log(self, record: dict) -> None:
@@ -119,7 +119,7 @@ class Trainer:
         if self.main:
             state = load_training_state(self.out / CHECKPOINT_DIR, self.model, self.optimizer)
             align_with_checkpoint(self.out, state)
-            state.pop("optimizer", None)
+            state.optimizer = None
         state, rng = distributed.from_main((state, torch.get_rng_state()))
         torch.set_rng_state(rng)
         self.strategy.scatter()
@@ -131,24 +131,24 @@ class Trainer:
         Rank 0 writes; every process takes part (FSDP gathers the shards)."""
         s = self.state
         if snapshot:
-            s["snapshots"] = sorted(set(s["snapshots"]) | {s["step"]})[-self.cfg.average_last:]
+            s.snapshots = sorted(set(s.snapshots) | {s.step})[-self.cfg.average_last:]
         self.strategy.gather(optimizer=True)
         if not self.main:
             return
         metrics = self.out / "metrics.jsonl"
-        s["metrics_bytes"] = metrics.stat().st_size if metrics.is_file() else 0
-        best = self.out / "model.safetensors" if s["best"] is not None else None
+        s.metrics_bytes = metrics.stat().st_size if metrics.is_file() else 0
+        best = self.out / "model.safetensors" if s.best is not None else None
         save_training_state(self.out / CHECKPOINT_DIR, self.model, self.optimizer, s, best)
         if snapshot:
-            take_snapshot(self.out, s["step"], s["snapshots"])
+            take_snapshot(self.out, s.step, s.snapshots)
 
     def elapsed(self) -> float:
         """Seconds of training so far, across resumes."""
-        return self.state["elapsed_s"] + time.perf_counter() - self._clock
+        return self.state.elapsed_s + time.perf_counter() - self._clock
 
     def _budget_left(self) -> bool:
         s, cfg = self.state, self.cfg
-        if cfg.max_steps is not None and s["step"] >= cfg.max_steps:
+        if cfg.max_steps is not None and s.step >= cfg.max_steps:
             return False
         return cfg.minutes is None or distributed.from_main(self.elapsed() < cfg.minutes * 60)
 
@@ -160,21 +160,21 @@ class Trainer:
         if self.main:
             self.model.eval()
             with torch.no_grad(), autocast_context(self.cfg.autocast):
-                metrics = self.task.evaluate(self.model)
+                metrics = self.objective.evaluate(self.model)
             self.model.train()
         metrics = distributed.from_main(metrics)
         s = self.state
-        value = metrics[self.task.best_metric]
-        sign = 1 if getattr(self.task, "higher_is_better", True) else -1
-        improved = s["best"] is None or sign * value > sign * s["best"]
+        value = metrics[self.objective.best_metric]
+        sign = 1 if self.objective.higher_is_better else -1
+        improved = s.best is None or sign * value > sign * s.best
         if improved:
             if self.main:
                 save_weights(self.model, self.out / "model.safetensors")
-            s["best"], s["best_step"] = value, s["step"]
-        record = {"step": s["step"], "epoch": s["epoch"], "elapsed_s": round(self.elapsed(), 1), **metrics,
-                  **extra, "best": s["best"]}
+            s.best, s.best_step = value, s.step
+        record = {"step": s.step, "epoch": s.epoch, "elapsed_s": round(self.elapsed(), 1), **metrics,
+                  **extra, "best": s.best}
         self.log(record)
-        s["last_eval"] = record
+        s.last_eval = record
         return record
 
     def _train_step(self, micro_batches: list) -> tuple[float, int]:
@@ -201,7 +201,7 @@ class Trainer:
         """
         s, cfg, strategy = self.state, self.cfg, self.strategy
         optimizer, module = strategy.step_optimizer, strategy.train_module
-        lr = learning_rate(cfg, s["step"] + 1, self.d_model)
+        lr = learning_rate(cfg, s.step + 1, self.d_model)
         set_lr(optimizer, lr)
         optimizer.zero_grad(set_to_none=True)
         strategy.release()  # the trained state changes: FSDP's rank 0 drops its full copy
@@ -228,15 +228,15 @@ class Trainer:
         if cfg.clip_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(module.parameters(), cfg.clip_grad_norm)
         optimizer.step()
-        check_finite_weights(module, s["step"] + 1, agree=lambda ok: not distributed.any_true(not ok))
-        s["step"] += 1
-        s["tokens"] += n_tokens
+        check_finite_weights(module, s.step + 1, agree=lambda ok: not distributed.any_true(not ok))
+        s.step += 1
+        s.tokens += n_tokens
         return total * scale, n_tokens
 
     def _diverged(self, loss: float) -> None:
         self.strategy.step_optimizer.zero_grad(set_to_none=True)
-        raise FloatingPointError(
-            f"the loss is {loss} at step {self.state['step'] + 1}: training diverged (lower lr_factor / lr "
+        raise NonFiniteError(
+            f"the loss is {loss} at step {self.state.step + 1}: training diverged (lower lr_factor / lr "
             f"or raise warmup_steps); the weights were not updated and the last checkpoint is intact")
 
     def fit(self) -> dict:
@@ -260,56 +260,56 @@ class Trainer:
         with self.signals:
             if not self._resumed:
                 self._save()  # step 0: from here on there is always a checkpoint to resume from
-            if s["end"] == "done" and not self._budget_left():
+            if s.end == "done" and not self._budget_left():
                 log.info("the run already finished at step %d (%.0f s); raise --steps or --minutes to train longer",
-                         s["step"], s["elapsed_s"])
-                return {**s["last_eval"], "best": s["best"], "best_step": s["best_step"]}
+                         s.step, s.elapsed_s)
+                return {**s.last_eval, "best": s.best, "best_step": s.best_step}
             if self._budget_left():
-                s["end"] = None
+                s.end = None
                 self._train()
             return finish(self)
 
     def _train(self) -> None:
         cfg, s = self.cfg, self.state
         window_t, window_tok = time.perf_counter(), 0
-        bar = tqdm(total=cfg.max_steps, initial=s["step"], unit="step", dynamic_ncols=True, leave=False,
+        bar = tqdm(total=cfg.max_steps, initial=s.step, unit="step", dynamic_ncols=True, leave=False,
                    mininterval=2.0, disable=not self.main)
         try:
             while self._budget_left():
-                batches = self.task.batches(s["epoch"])
-                if not 0 <= s["position"] <= len(batches):
-                    raise ValueError(f"{self.out / CHECKPOINT_DIR / 'state.json'}: position must be in "
-                                     f"0..{len(batches)} (the batches of epoch {s['epoch']}), got {s['position']}")
-                while s["position"] < len(batches) and self._budget_left():
-                    group = batches[s["position"]:s["position"] + cfg.grad_accum_steps]
+                batches = self.objective.batches(s.epoch)
+                if not 0 <= s.position <= len(batches):
+                    raise UserError(f"{self.out / CHECKPOINT_DIR / 'state.json'}: position must be in "
+                                    f"0..{len(batches)} (the batches of epoch {s.epoch}), got {s.position}")
+                while s.position < len(batches) and self._budget_left():
+                    group = batches[s.position:s.position + cfg.grad_accum_steps]
                     loss, n = self._train_step(group)
-                    crash_point("step", self.out / f"rank{self.strategy.world.rank}" / f"step_{s['step']}")
-                    s["position"] += len(group)
+                    crash_point("step", self.out / f"rank{self.strategy.world.rank}" / f"step_{s.step}")
+                    s.position += len(group)
                     window_tok += n
                     bar.update(1)
-                    if s["step"] % cfg.log_every == 0:
+                    if s.step % cfg.log_every == 0:
                         now = time.perf_counter()
                         tps = window_tok / max(now - window_t, 1e-9)
                         lr = self.strategy.step_optimizer.param_groups[0]["lr"]
                         bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:.0f}")
-                        self.log({"step": s["step"], "epoch": s["epoch"], "loss": round(loss, 4),
+                        self.log({"step": s.step, "epoch": s.epoch, "loss": round(loss, 4),
                                   "lr": lr, "tokens_per_s": round(tps, 1),
                                   "elapsed_s": round(self.elapsed(), 1)})
                         window_t, window_tok = now, 0
-                    if s["step"] % cfg.eval_every == 0:
+                    if s.step % cfg.eval_every == 0:
                         record = self._evaluate()
                         if self.main:
                             bar.write(json.dumps(record), file=sys.stderr)
                         window_t, window_tok = time.perf_counter(), 0  # keep eval time out of tokens/s
-                    saved = s["step"] % cfg.checkpoint_every == 0
+                    saved = s.step % cfg.checkpoint_every == 0
                     if saved:
                         self._save(snapshot=bool(cfg.average_last))
                     if self.stop_requested():  # the step and its evaluation are complete: exact
                         if not saved:
                             self._save()
                         raise TrainingInterrupted(self.signals.signum or signal.SIGTERM)
-                if s["position"] >= len(batches):
-                    s["epoch"], s["position"] = s["epoch"] + 1, 0
+                if s.position >= len(batches):
+                    s.epoch, s.position = s.epoch + 1, 0
         finally:
             bar.close()
 
@@ -318,6 +318,6 @@ class Trainer:
         return distributed.any_true(self.signals.signum is not None)
 
     def _save(self, snapshot: bool = False) -> None:
-        self.state["elapsed_s"] = self.elapsed()
+        self.state.elapsed_s = self.elapsed()
         self._clock = time.perf_counter()
         self.checkpoint(snapshot)

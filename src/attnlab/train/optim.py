@@ -6,6 +6,8 @@ import math
 import torch
 from torch import nn
 
+from attnlab.errors import UserError
+
 
 def noam_lr(step: int, d_model: int, warmup_steps: int, factor: float = 1.0) -> float:
     """lrate = factor · d_model^-0.5 · min(step^-0.5, step · warmup_steps^-1.5).
@@ -45,11 +47,11 @@ def cosine_lr(step: int, lr: float, min_lr: float, warmup_steps: int, decay_step
         warm-up of Goyal et al. 2017; the schedule of GPT-3 and nanoGPT.
     """
     if step < 1:
-        raise ValueError(f"step must be >= 1 (optimiser steps count from 1), got {step}")
+        raise UserError(f"step must be >= 1 (optimiser steps count from 1), got {step}")
     if warmup_steps < 0:
-        raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+        raise UserError(f"warmup_steps must be >= 0, got {warmup_steps}")
     if decay_steps < 1:
-        raise ValueError(f"decay_steps must be >= 1, got {decay_steps}")
+        raise UserError(f"decay_steps must be >= 1, got {decay_steps}")
     if step <= warmup_steps:
         return lr * step / warmup_steps
     if step > decay_steps:

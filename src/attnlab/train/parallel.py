@@ -31,6 +31,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from attnlab.data.sharding import share
+from attnlab.errors import UserError
 from attnlab.train.distributed import World, current_world
 
 OptimizerFactory = Callable[[nn.Module], torch.optim.Optimizer]
@@ -128,7 +129,7 @@ class DDP(_Distributed):
         super().__init__(model.to(world.device), objective, make_optimizer, world)
         # Objectives that leave parameters unused (BERT's classifier under masked-LM) and experts no
         # token was routed to need DDP's search for unused parameters (a graph traversal per step).
-        unused = getattr(objective, "leaves_parameters_unused", False) or bool(getattr(getattr(model, "cfg", None), "n_experts", 0))
+        unused = objective.leaves_parameters_unused or bool(getattr(getattr(model, "cfg", None), "n_experts", 0))
         self.ddp = DistributedDataParallel(LossModule(self.model, objective), device_ids=None,
                                            find_unused_parameters=unused)
         self.ddp.register_comm_hook(None, _sum_hook)
@@ -150,11 +151,11 @@ def check_shardable(model: nn.Module) -> None:
         ValueError: one line naming the model and the alternative.
     """
     if getattr(getattr(model, "cfg", None), "n_experts", 0):
-        raise ValueError(f"parallel=fsdp cannot shard {type(model).__name__} with n_experts="
-                         f"{model.cfg.n_experts}: experts unused on one process break FSDP's reduce-scatter; "
-                         f"use --set parallel=ddp")
+        raise UserError(f"parallel=fsdp cannot shard {type(model).__name__} with n_experts="
+                        f"{model.cfg.n_experts}: experts unused on one process break FSDP's reduce-scatter; "
+                        f"use --set parallel=ddp")
     if not any(p.requires_grad for p in model.parameters()):
-        raise ValueError(f"parallel=fsdp: {type(model).__name__} has no trainable parameters to shard")
+        raise UserError(f"parallel=fsdp: {type(model).__name__} has no trainable parameters to shard")
 
 
 def _block_lists(model: nn.Module) -> list[nn.Module]:

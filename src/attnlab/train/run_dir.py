@@ -15,9 +15,11 @@ import os
 from pathlib import Path
 from typing import Iterator
 
+from attnlab.errors import UserError, naming
 from attnlab.files import atomic_link, committed_directory, remove_temporaries
 from attnlab.jsonfile import read_json, write_json_atomic
 from attnlab.train.checkpoint import BEST_FILE, read_state
+from attnlab.train.state import TrainState
 
 CHECKPOINT_DIR = "checkpoint"   # resumable state inside a run directory
 SNAPSHOT_DIR = "snapshots"      # weights of the last checkpoints, for averaging
@@ -43,8 +45,8 @@ def run_lock(out: Path) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-            raise RunDirInUse(f"{out} is being written by another training (process {holder}); wait for it to end "
-                              f"or choose another --out") from None
+            raise naming(RunDirInUse(f"out={out} is being written by another training (process {holder}); wait "
+                                     f"for it to end or choose another run directory"), "out") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield
@@ -71,26 +73,29 @@ def check_out_dir(out: Path, resume: bool) -> None:
         FileExistsError, FileNotFoundError: saying what to do instead.
     """
     if out.exists() and not out.is_dir():
-        raise FileExistsError(f"--out {out} is a file, not a run directory")
+        raise naming(FileExistsError(f"out={out} is a file, not a run directory"), "out")
     weights = (out / "model.safetensors").is_file()
     if resume and not has_checkpoint(out):
         if weights:
-            raise FileNotFoundError(f"nothing to resume: {out} holds trained weights but no {CHECKPOINT_DIR}/; choose "
-                                    f"another --out, or delete {out} to train it again")
+            raise naming(FileNotFoundError(f"nothing to resume: out={out} holds trained weights but no {CHECKPOINT_DIR}/; "
+                                           f"choose another run directory, or delete {out} to train it again"), "out")
         started = " (the run stopped before its first checkpoint)" if (out / "config.json").is_file() else ""
-        raise FileNotFoundError(f"nothing to resume: {out} has no checkpoint{started}; start it without --resume")
+        raise naming(FileNotFoundError(f"nothing to resume: out={out} has no checkpoint{started}; start it without "
+                                       f"resume=True"), "out", "resume")
     if not resume and has_checkpoint(out):
-        raise FileExistsError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
+        raise naming(FileExistsError(f"out={out} already holds a run; pass resume=True to continue it or choose another "
+                                     f"run directory"), "out", "resume")
     if not resume and weights:
-        raise FileExistsError(f"{out} holds trained weights (model.safetensors) but no {CHECKPOINT_DIR}/ to resume "
-                              f"from; choose another --out, or delete {out} to train it again")
+        raise naming(FileExistsError(f"out={out} holds trained weights (model.safetensors) but no {CHECKPOINT_DIR}/ to "
+                                     f"resume from; choose another run directory, or delete {out} to train it again"),
+                     "out")
 
 
 def check_resume_recipe(saved: dict, recipe_name: str, out: Path) -> None:
     """Refuse to resume a run under a recipe other than the one it was trained with."""
     if saved.get("recipe") not in (None, recipe_name):
-        raise ValueError(f"{out} was trained with recipe {saved['recipe']!r}, not {recipe_name!r}; resume it with "
-                         f"--recipe {saved['recipe']}")
+        raise UserError(f"{out} was trained with recipe {saved['recipe']!r}, not {recipe_name!r}; resume it with "
+                        f"recipe={saved['recipe']}", param="recipe")
 
 
 def read_run_config(path: Path, model_type: str | None = None) -> dict:
@@ -101,10 +106,10 @@ def read_run_config(path: Path, model_type: str | None = None) -> dict:
     """
     saved = read_json(path / "config.json")
     if model_type is not None and saved.get("model_type") != model_type:
-        raise ValueError(f"{path / 'config.json'}: model_type is {saved.get('model_type')!r}, expected {model_type!r}")
+        raise UserError(f"{path / 'config.json'}: model_type is {saved.get('model_type')!r}, expected {model_type!r}")
     missing = [k for k in ("model", "data", "train") if not isinstance(saved.get(k), dict)]
     if missing:
-        raise ValueError(f"{path / 'config.json'}: missing section(s) {missing}")
+        raise UserError(f"{path / 'config.json'}: missing section(s) {missing}")
     return saved
 
 
@@ -127,14 +132,14 @@ def _missing_weights_advice(path: Path) -> str | None:
     except (OSError, ValueError) as e:
         return f"{path} has no model.safetensors and its checkpoint is unreadable ({e})"
     resume = f"attnlab train --recipe {recipe} --out {path} --resume"
-    if state["best"] is None:
+    if state.best is None:
         return (f"{path} has no evaluated weights yet (model.safetensors is written at the first evaluation); "
                 f"continue training it with: {resume}")
     if (folder / BEST_FILE).is_file():
-        budget = f" --steps {state['step']}" if state["end"] == "done" else ""
+        budget = f" --steps {state.step}" if state.end == "done" else ""
         return f"{path}/model.safetensors is missing; restore it from the checkpoint with: {resume}{budget}"
     return (f"{path}/model.safetensors is missing and its checkpoint holds no copy of the best weights (a run from "
-            f"an older attnlab); the last weights (step {state['step']}) are in {folder}/model.safetensors")
+            f"an older attnlab); the last weights (step {state.step}) are in {folder}/model.safetensors")
 
 
 def check_model_dir(path: Path, files: tuple[str, ...] = ("config.json", "model.safetensors", "tokenizer.json")
@@ -180,11 +185,11 @@ def take_snapshot(out: Path, step: int, keep: list[int]) -> None:
         snapshot_path(out, old).unlink(missing_ok=True)
 
 
-def align_with_checkpoint(out: Path, state: dict) -> None:
+def align_with_checkpoint(out: Path, state: TrainState) -> None:
     """Put run directory `out` back in the state its checkpoint describes, undoing whatever a killed
     or interrupted run wrote after it (a resume then replays those steps exactly): temporary files
-    removed, metrics.jsonl cut to state["metrics_bytes"], model.safetensors = the checkpoint's
-    best.safetensors (removed when nothing was evaluated yet), snapshots/ = state["snapshots"] (the
+    removed, metrics.jsonl cut to state.metrics_bytes, model.safetensors = the checkpoint's
+    best.safetensors (removed when nothing was evaluated yet), snapshots/ = state.snapshots (the
     checkpoint's own step re-linked from its weights when a kill fell before the link).
     Call it holding the run's lock.
 
@@ -194,20 +199,20 @@ def align_with_checkpoint(out: Path, state: dict) -> None:
     for folder in (out, out / SNAPSHOT_DIR):
         remove_temporaries(folder)
     metrics = out / "metrics.jsonl"
-    if state["metrics_bytes"] is not None and metrics.is_file() and metrics.stat().st_size > state["metrics_bytes"]:
-        os.truncate(metrics, state["metrics_bytes"])
+    if state.metrics_bytes is not None and metrics.is_file() and metrics.stat().st_size > state.metrics_bytes:
+        os.truncate(metrics, state.metrics_bytes)
     best, weights = out / CHECKPOINT_DIR / BEST_FILE, out / "model.safetensors"
     if best.is_file() and not (weights.is_file() and os.path.samefile(best, weights)):
         atomic_link(best, weights)
-    elif not best.is_file() and state["best"] is None:
+    elif not best.is_file() and state.best is None:
         weights.unlink(missing_ok=True)
-    if state["snapshots"] is None:  # a checkpoint from before snapshots were listed: the files decide
-        state["snapshots"] = [s for s in snapshot_steps(out) if s <= state["step"]]
-    for step in state["snapshots"]:
+    if state.snapshots is None:  # a checkpoint from before snapshots were listed: the files decide
+        state.snapshots = [s for s in snapshot_steps(out) if s <= state.step]
+    for step in state.snapshots:
         if not snapshot_path(out, step).is_file():
-            if step != state["step"]:
+            if step != state.step:
                 raise FileNotFoundError(f"{snapshot_path(out, step)} is missing: the final average of this run needs "
-                                        f"it (checkpoint/state.json lists steps {state['snapshots']})")
+                                        f"it (checkpoint/state.json lists steps {state.snapshots})")
             atomic_link(out / CHECKPOINT_DIR / "model.safetensors", snapshot_path(out, step))
-    for extra in set(snapshot_steps(out)) - set(state["snapshots"]):
+    for extra in set(snapshot_steps(out)) - set(state.snapshots):
         snapshot_path(out, extra).unlink()

@@ -1,30 +1,45 @@
-"""The training state (checkpoint/state.json): its fields, the defaults older checkpoints lack, and
-its validation on load — types and ranges, one line naming the file and the field.
-
-Fields:
-    step, epoch, position   optimizer steps done; the data epoch and the next batch's index in it
-    elapsed_s, tokens       training seconds and counted tokens (or sentences, images) so far
-    best, best_step         the best validation metric and its step (None before the first evaluation);
-                            the checkpoint's best.safetensors holds those weights
-    last_eval               the last evaluation record (None before the first)
-    snapshots               steps whose weights snapshots/ keeps for the final average (TrainConfig.average_last)
-    metrics_bytes           the length of metrics.jsonl at this checkpoint (a resume cuts what came after)
-    end                     the end-of-run sequence reached: None (training), "evaluated" (final evaluation
-                            and checkpoint done), "done" (average evaluated; the run is finished)
-    optimizer               {"param_groups", "n_states"}: the optimizer's settings per group
+"""The training state (TrainState, written as checkpoint/state.json): its fields, the defaults older
+checkpoints lack, and its validation on load — types and ranges, one line naming the file and the
+field. The JSON object on disk has one key per field, as it always had.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
+
+from attnlab.errors import UserError
 
 END_STAGES = (None, "evaluated", "done")
 
 
-def new_state() -> dict:
-    """The state of a run before its first step."""
-    return {"step": 0, "epoch": 0, "position": 0, "elapsed_s": 0.0, "tokens": 0, "best": None, "best_step": None,
-            "last_eval": None, "snapshots": [], "metrics_bytes": 0, "end": None}
+@dataclass
+class TrainState:
+    """Where a run is; the default is a run before its first step."""
+
+    step: int = 0                  # optimizer steps done
+    epoch: int = 0                 # the data epoch ...
+    position: int = 0              # ... and the index of its next batch
+    elapsed_s: float = 0.0         # training seconds so far, across resumes
+    tokens: int = 0                # counted tokens (or sentences, images) so far
+    best: Optional[float] = None   # the best validation metric (None before the first evaluation) ...
+    best_step: Optional[int] = None  # ... and its step; the checkpoint's best.safetensors holds those weights
+    last_eval: Optional[dict] = None  # the last evaluation record (None before the first)
+    snapshots: Optional[list] = field(default_factory=list)  # steps whose weights snapshots/ keeps for the
+                                   # final average (TrainConfig.average_last); None: an older checkpoint's,
+                                   # taken from the files (run_dir.align_with_checkpoint)
+    metrics_bytes: Optional[int] = 0  # metrics.jsonl's length at this checkpoint (a resume cuts what came
+                                   # after); None: an older checkpoint's, metrics.jsonl is kept whole
+    end: Optional[str] = None      # the end-of-run stage reached (END_STAGES): None (training), "evaluated"
+                                   # (final evaluation and checkpoint done), "done" (the run is finished)
+    optimizer: Optional[dict] = None  # read from disk only: {"param_groups", "n_states"}, the optimizer's
+                                   # settings per group (the checkpoint writes them from the optimizer)
+
+    def to_json(self) -> dict:
+        """state.json's object, without "optimizer" (checkpoint.save_training_state adds it)."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if k != "optimizer"}
 
 
 def _is_int(v) -> bool:
@@ -37,20 +52,20 @@ def _is_number(v) -> bool:
 
 def _check(ok: bool, path: Path, field: str, allowed: str, value) -> None:
     if not ok:
-        raise ValueError(f"{path}: {field} must be {allowed}, got {value!r}")
+        raise UserError(f"{path}: {field} must be {allowed}, got {value!r}")
 
 
-def validate_state(state: dict, path: Path) -> dict:
+def validate_state(state: dict, path: Path) -> TrainState:
     """state.json's content checked and completed with the defaults of older checkpoints
     (snapshots None: taken from the files; metrics_bytes None: metrics.jsonl is kept whole; end:
-    "done" when the last evaluation is of the last step).
+    "done" when the last evaluation is of the last step). Keys no field has are ignored.
 
     Raises:
-        ValueError: naming `path` and the field that is missing, of the wrong type or out of range.
+        UserError: naming `path` and the field that is missing, of the wrong type or out of range.
     """
     missing = [k for k in ("step", "epoch", "position", "tokens", "elapsed_s", "optimizer") if k not in state]
     if missing:
-        raise ValueError(f"{path}: missing field(s) {missing}; the checkpoint is damaged")
+        raise UserError(f"{path}: missing field(s) {missing}; the checkpoint is damaged")
     for name in ("step", "epoch", "position", "tokens"):
         _check(_is_int(state[name]) and state[name] >= 0, path, name, "an int >= 0", state[name])
     step = state["step"]
@@ -78,7 +93,8 @@ def validate_state(state: dict, path: Path) -> dict:
            and all(isinstance(g, dict) and isinstance(g.get("params"), list) and all(map(_is_int, g["params"]))
                    for g in opt["param_groups"]), path, "optimizer",
            'an object with "param_groups" (each with its "params") and "n_states"', opt)
-    return {**new_state(), "snapshots": None, "metrics_bytes": None, **state}
+    known = {f.name for f in dataclasses.fields(TrainState)}
+    return TrainState(**{"snapshots": None, "metrics_bytes": None, **{k: v for k, v in state.items() if k in known}})
 
 
 def check_param_groups(saved: list[dict], current: list[dict], path: Path) -> None:

@@ -13,13 +13,16 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from attnlab.errors import UserError
 from attnlab.generate import greedy_decode
 from attnlab.viz.capture import attention_modules, recorded_attention
 from attnlab.viz.figure import finish, new_figure, short
-from attnlab.viz.sources import FITTING, Source, describe
+from attnlab.viz.sources import FITTING, Source
+from attnlab.tasks.kinds import Kind
 
 EXAMPLE = "The animal didn't cross the street because it was too tired."  # the issue's example sentence
 CROSS_EXAMPLE = "A man is riding a bicycle down the street."  # a sentence to translate (--cross)
+CROSS = "cross"  # AttentionMaps.kind of a translation model's decoder→encoder attention
 SPECIAL = {"[CLS]", "[SEP]", "[PAD]", "<bos>", "<eos>", "<pad>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"}
 
 
@@ -28,8 +31,8 @@ class AttentionMaps:
     """Attention weights of one text through one model."""
 
     model: str                  # the model's name or directory
-    kind: str                   # "encoder", "causal-lm", "seq2seq" (its encoder) or "cross"
-    text: str                   # the input (the source sentence for "seq2seq" and "cross")
+    kind: str                   # the model's Kind (a seq2seq model: its encoder), or CROSS
+    text: str                   # the input (the source sentence for a seq2seq model and CROSS)
     query_tokens: list[str]     # T display strings (rows)
     key_tokens: list[str]       # S display strings (columns)
     weights: np.ndarray         # (L, H, T, S) float32, each row a probability distribution
@@ -38,16 +41,16 @@ class AttentionMaps:
 
     @property
     def causal(self) -> bool:
-        return self.kind == "causal-lm"
+        return self.kind is Kind.CAUSAL_LM
 
 
 def _self_weights(source: Source, ids: list[int]) -> torch.Tensor:
     x = torch.tensor([ids])
-    if source.kind == "causal-lm":
+    if source.kind is Kind.CAUSAL_LM:
         return torch.stack(source.model(x, need_weights=True).attentions)[:, 0]  # (L, H, T, T)
     modules = attention_modules(source.model, "self")
     with recorded_attention(modules) as records:
-        source.model(x) if source.kind == "encoder" else source.model.encode(x)
+        source.model(x) if source.kind is Kind.ENCODER else source.model.encode(x)
     return torch.stack(records)[:, 0]  # (L, H, S, S)
 
 
@@ -71,13 +74,13 @@ def attention_maps(source: Source, text: str, cross: bool = False, target: str |
         ValueError: an empty text, or `cross` on a model that is not encoder–decoder.
     """
     if not text.strip():
-        raise ValueError("--text is empty; give a sentence")
-    if cross and source.kind != "seq2seq":
-        raise ValueError(f"--cross needs an encoder–decoder model: {FITTING['seq2seq']}; "
-                         f"{source.name} is {describe(source.kind)}")
+        raise UserError("--text is empty; give a sentence")
+    if cross and source.kind is not Kind.SEQ2SEQ:
+        raise UserError(f"--cross needs an encoder–decoder model: {FITTING[Kind.SEQ2SEQ]}; "
+                        f"{source.name} is {source.described}")
     ids, tokens = source.tokenize(text)
-    if source.kind != "encoder" and len(ids) > source.model.cfg.max_seq_len:
-        raise ValueError(f"the text has {len(ids)} tokens; the model reads at most {source.model.cfg.max_seq_len}")
+    if source.kind is not Kind.ENCODER and len(ids) > source.model.cfg.max_seq_len:
+        raise UserError(f"the text has {len(ids)} tokens; the model reads at most {source.model.cfg.max_seq_len}")
     if not cross:
         weights = _self_weights(source, ids)
         return AttentionMaps(source.name, source.kind, text, tokens, tokens, weights.float().numpy(),
@@ -88,7 +91,7 @@ def attention_maps(source: Source, text: str, cross: bool = False, target: str |
         tgt = source.tokenizer.encode(target)
     weights = _cross_weights(source, ids, tgt)
     rows = [source.display(i) for i in tgt] + ["<eos>"]
-    return AttentionMaps(source.name, "cross", text, rows, tokens, weights.float().numpy(),
+    return AttentionMaps(source.name, CROSS, text, rows, tokens, weights.float().numpy(),
                          source.tokenizer.decode(tgt), [False] * len(tokens))
 
 
@@ -106,8 +109,8 @@ def find_token(tokens: list[str], token: str, flag: str = "--token") -> int:
     for i, t in enumerate(tokens):
         if _norm(t) == want:
             return i
-    raise ValueError(f"{flag} {token!r} is not a token of the text; its tokens are: "
-                     + " ".join(repr(t.strip() or t) for t in tokens))
+    raise UserError(f"{flag} {token!r} is not a token of the text; its tokens are: "
+                    + " ".join(repr(t.strip() or t) for t in tokens))
 
 
 def default_query(maps: AttentionMaps) -> int:
@@ -118,7 +121,7 @@ def default_query(maps: AttentionMaps) -> int:
 
 def _others(maps: AttentionMaps, index: int) -> list[int]:
     """Keys other than the query itself that are not special tokens."""
-    same = maps.kind != "cross"
+    same = maps.kind != CROSS
     return [j for j in range(len(maps.key_tokens))
             if not (same and j == index) and not (maps.special and maps.special[j])]
 
@@ -186,7 +189,7 @@ def sink_share(maps: AttentionMaps, index: int) -> tuple[str, float]:
 def finding(maps: AttentionMaps, index: int, layer: int, head: int | None) -> str:
     """What the drawn weights show, measured: the alignment of a cross-attention map, or where the
     query's weight goes on average over every head."""
-    if maps.kind == "cross":
+    if maps.kind == CROSS:
         pairs = ", ".join(f"{q}→{k}" for q, k in alignment(maps, layer, head))
         return f"Layer {layer}, {head_name(head)}: each target token's strongest link is {pairs}."
     query = repr(maps.query_tokens[index].strip())
@@ -196,11 +199,11 @@ def finding(maps: AttentionMaps, index: int, layer: int, head: int | None) -> st
 
 def caption(maps: AttentionMaps, index: int, layer: int, head: int | None) -> str:
     """The figure's caption: what the panels are, then the finding."""
-    who = {"encoder": "every token sees every other", "causal-lm": "only the past is visible, so the upper "
-           "triangle is empty", "seq2seq": "the translation model's encoder", "cross": "each target token "
+    who = {Kind.ENCODER: "every token sees every other", Kind.CAUSAL_LM: "only the past is visible, so the upper "
+           "triangle is empty", Kind.SEQ2SEQ: "the translation model's encoder", CROSS: "each target token "
            "(row) attends over the source"}[maps.kind]
     query = repr(maps.query_tokens[index].strip())
-    return (f"Left: the weights of {query} on each {'source ' if maps.kind == 'cross' else ''}token, one panel "
+    return (f"Left: the weights of {query} on each {'source ' if maps.kind == CROSS else ''}token, one panel "
             f"per layer (rows: heads); right: the whole map of layer {layer}, {head_name(head)} ({who}). "
             + finding(maps, index, layer, head))
 
@@ -239,10 +242,10 @@ def draw_attention(maps: AttentionMaps, index: int, layer: int, head: int | None
     ax.set_xticks(range(s), [short(k) for k in maps.key_tokens], rotation=90, fontsize=7)
     ax.set_yticks(range(t), [short(q) for q in maps.query_tokens], fontsize=7)
     ax.set_xlabel("key (attended to)")
-    ax.set_ylabel("query (target token predicted)" if maps.kind == "cross" else "query (attending)")
+    ax.set_ylabel("query (target token predicted)" if maps.kind == CROSS else "query (attending)")
     ax.axhline(index, color="#e76f51", lw=0.8)
     ax.set_title(f"layer {layer}, {head_name(head)}", fontsize=9)
-    what = "cross-attention" if maps.kind == "cross" else "self-attention"
+    what = "cross-attention" if maps.kind == CROSS else "self-attention"
     title = f"Attention ({what}) of {_model_label(maps.model)}"
     finish(fig, title, caption(maps, index, layer, head), out)
 

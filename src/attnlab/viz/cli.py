@@ -15,8 +15,10 @@ import argparse
 import json
 import sys
 
+from attnlab.errors import UserError
 from attnlab.viz import attention, attention_html, bpe, complexity, context, gallery, kv_cache, masks, moe
 from attnlab.viz import positions, schedule, sources, teacher_forcing, training
+from attnlab.tasks.kinds import Kind
 
 KINDS = ("attention", "context", "positions", "masks", "teacher-forcing", "schedule", "training", "complexity",
          "kv-cache", "moe", "bpe", "all")
@@ -110,7 +112,7 @@ def _done(summary: dict, *paths) -> None:
 
 def _in_range(value: int | None, n: int, name: str) -> None:
     if value is not None and not 0 <= value < n:
-        raise ValueError(f"--{name} must be in 0..{n - 1}, got {value}")
+        raise UserError(f"--{name} must be in 0..{n - 1}, got {value}")
 
 
 def _head(text: str | None, heads: int) -> int | None:
@@ -118,7 +120,7 @@ def _head(text: str | None, heads: int) -> int | None:
     if text is None or text == "mean":
         return None
     if not text.lstrip("-").isdigit():
-        raise ValueError(f"--head must be a head index or 'mean', got {text!r}")
+        raise UserError(f"--head must be a head index or 'mean', got {text!r}")
     _in_range(int(text), heads, "head")
     return int(text)
 
@@ -149,8 +151,8 @@ def cmd_attention(args) -> None:
 def cmd_context(args) -> None:
     sentences = tuple(args.sentence or context.SENTENCES)
     if len(sentences) != 2:
-        raise ValueError(f"--sentence must be given exactly twice, got {len(sentences)}")
-    result = context.context_similarity(sources.load(args.model, ("encoder",), "the context figure"), args.word,
+        raise UserError(f"--sentence must be given exactly twice, got {len(sentences)}")
+    result = context.context_similarity(sources.load(args.model, (Kind.ENCODER,), "the context figure"), args.word,
                                         sentences, tuple(args.probes))
     context.draw_context(result, args.out)
     _done({"word": args.word, "layers": result.layers, "cosine": [round(c, 4) for c in result.cosine],
@@ -165,7 +167,7 @@ def cmd_positions(args) -> None:
 
 def cmd_masks(args) -> None:
     if args.sentences < 1 or args.window < 1:
-        raise ValueError("--sentences and --window must be >= 1")
+        raise UserError("--sentences and --window must be >= 1")
     tokenizer, pad, bos, _ = sources.translation_tokenizer(args.model)
     src, tgt = sources.multi30k_pairs("val", args.sentences)
     result = masks.batch_masks(tokenizer, src, tgt, pad, bos, args.window)
@@ -174,13 +176,13 @@ def cmd_masks(args) -> None:
 
 
 def cmd_teacher(args) -> None:
-    source = sources.load(args.model, ("seq2seq",), "the teacher-forcing figure")
+    source = sources.load(args.model, (Kind.SEQ2SEQ,), "the teacher-forcing figure")
     if (args.text is None) != (args.target is None):
-        raise ValueError("give --text and --target together (or neither, for a Multi30k test pair)")
+        raise UserError("give --text and --target together (or neither, for a Multi30k test pair)")
     if args.text is None:
         src, tgt = sources.multi30k_pairs("test_2016_flickr")
         if not 0 <= args.pair < len(src):
-            raise ValueError(f"--pair must be in 0..{len(src) - 1}, got {args.pair}")
+            raise UserError(f"--pair must be in 0..{len(src) - 1}, got {args.pair}")
         args.text, args.target = src[args.pair], tgt[args.pair]
     result = teacher_forcing.teacher_forcing(source, args.text, args.target)
     teacher_forcing.draw_teacher_forcing(result, args.out)
@@ -209,14 +211,14 @@ def cmd_complexity(args) -> None:
 
 
 def cmd_kv(args) -> None:
-    source = sources.load(args.model, ("causal-lm",), "the kv-cache figure")
+    source = sources.load(args.model, (Kind.CAUSAL_LM,), "the kv-cache figure")
     result = kv_cache.kv_cache_timing(source, sources.shakespeare_text(20000), tuple(args.positions))
     kv_cache.draw_kv_cache(result, args.out)
     _done({"positions": result.positions, "seconds": result.seconds, "cache_bytes": result.cache_bytes}, args.out)
 
 
 def cmd_moe(args) -> None:
-    source = sources.load(args.model, ("causal-lm",), "the moe figure")
+    source = sources.load(args.model, (Kind.CAUSAL_LM,), "the moe figure")
     result = moe.moe_routing(source, args.text if args.text is not None else sources.shakespeare_text(args.chars))
     moe.draw_moe(result, args.out)
     _done({"counts": result.counts.tolist(), "consistency": round(result.consistency, 4)}, args.out)

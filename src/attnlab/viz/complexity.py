@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from attnlab.errors import UserError
 from attnlab.nn.attention import scaled_dot_product_attention
 from attnlab.viz import peak_memory
 from attnlab.viz.figure import finish, new_figure
@@ -92,7 +93,7 @@ def complexity(lengths: tuple[int, ...] = LENGTHS, heads: int = 4, head_dim: int
     """
     lengths = sorted(set(lengths))
     if len(lengths) < 3 or lengths[0] < 2:
-        raise ValueError(f"--lengths needs at least 3 distinct lengths >= 2, got {lengths}")
+        raise UserError(f"--lengths needs at least 3 distinct lengths >= 2, got {lengths}")
     seconds = {i: [time_attention(i, heads, head_dim, t, repeats) for t in lengths] for i in IMPLS}
     return ComplexityResult(heads, head_dim, lengths, seconds, measure_memory(heads, head_dim, lengths) if memory
                             else None)

@@ -15,10 +15,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from attnlab.errors import UserError
 from attnlab.viz.attention import find_token
 from attnlab.viz.capture import bert_hidden_states, token_embeddings
 from attnlab.viz.figure import finish, new_figure
-from attnlab.viz.sources import FITTING, Source, describe
+from attnlab.viz.sources import FITTING, Source
+from attnlab.tasks.kinds import Kind
 
 SENTENCES = ("The bank of the river.", "I deposited money at the bank.")
 PROBES = ("river", "water", "money", "account")
@@ -61,9 +63,9 @@ def context_similarity(source: Source, word: str = "bank", sentences: tuple[str,
         ValueError: a model that is not an encoder, or a word that is not one token of each sentence
             (listing the tokens).
     """
-    if source.kind != "encoder":
-        raise ValueError(f"the context figure needs an encoder: {FITTING['encoder']}; {source.name} is "
-                         f"{describe(source.kind)}")
+    if source.kind is not Kind.ENCODER:
+        raise UserError(f"the context figure needs an encoder: {FITTING[Kind.ENCODER]}; {source.name} is "
+                        f"{source.described}")
     states, positions = [], []
     for text in sentences:
         ids, tokens = source.tokenize(text)

@@ -11,8 +11,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from attnlab.errors import UserError
 from attnlab.viz import attention, attention_html, bpe, complexity, context, kv_cache, masks, moe, positions
 from attnlab.viz import schedule, sources, teacher_forcing, training
+from attnlab.tasks.kinds import Kind
 
 SENTENCE, TRANSLATE = attention.EXAMPLE, attention.CROSS_EXAMPLE
 QUICK_LENGTHS = (128, 256, 512, 1024, 2048)   # complexity in `all`: seconds, not minutes
@@ -47,11 +49,11 @@ class _Context:
         self.kinds = {}
         for run in runs:
             try:
-                self.kinds[run] = sources.kind_of(str(run))
+                self.kinds[run] = sources.task_of(str(run)).kind
             except (FileNotFoundError, ValueError) as err:
                 print(f"viz all: ignoring {run}: {err}", file=sys.stderr)
 
-    def model(self, name: str, kinds=("encoder", "causal-lm", "seq2seq")) -> sources.Source:
+    def model(self, name: str, kinds=sources.DRAWN) -> sources.Source:
         if name not in self._models:
             try:
                 self._models[name] = sources.load(name, kinds)
@@ -59,7 +61,7 @@ class _Context:
                 raise Skip(str(err)) from None
         return self._models[name]
 
-    def run(self, kind: str, moe_only: bool = False) -> Path:
+    def run(self, kind: Kind, moe_only: bool = False) -> Path:
         for run, k in self.kinds.items():
             if k == kind and (not moe_only or sources.run_config(run).get("model", {}).get("n_experts", 0)):
                 return run
@@ -91,7 +93,7 @@ def _attention(ctx: _Context, model: str, name: str, page: bool) -> Made:
 
 
 def _cross(ctx: _Context) -> Made:
-    run = ctx.run("seq2seq")
+    run = ctx.run(Kind.SEQ2SEQ)
     maps = attention.attention_maps(ctx.model(str(run)), TRANSLATE, cross=True)
     index = attention.default_query(maps)
     layer, head = attention.sharpest_layer(maps), None
@@ -118,7 +120,7 @@ def _positions(ctx: _Context) -> Made:
 
 
 def _masks(ctx: _Context) -> Made:
-    run = next((r for r, k in ctx.kinds.items() if k == "seq2seq"), None)
+    run = next((r for r, k in ctx.kinds.items() if k is Kind.SEQ2SEQ), None)
     tokenizer, pad, bos, _ = sources.translation_tokenizer(str(run) if run else None)
     src, tgt = sources.multi30k_pairs("val", 4)
     result = masks.batch_masks(tokenizer, src, tgt, pad, bos)
@@ -128,7 +130,7 @@ def _masks(ctx: _Context) -> Made:
 
 
 def _teacher_forcing(ctx: _Context) -> Made:
-    run = ctx.run("seq2seq")
+    run = ctx.run(Kind.SEQ2SEQ)
     src, tgt = sources.multi30k_pairs("test_2016_flickr", 1)
     result = teacher_forcing.teacher_forcing(ctx.model(str(run)), src[0], tgt[0])
     teacher_forcing.draw_teacher_forcing(result, ctx.out / "teacher-forcing.png")
@@ -169,7 +171,7 @@ def _kv_cache(ctx: _Context) -> Made:
 
 
 def _moe(ctx: _Context) -> Made:
-    run = ctx.run("causal-lm", moe_only=True)
+    run = ctx.run(Kind.CAUSAL_LM, moe_only=True)
     result = moe.moe_routing(ctx.model(str(run)), sources.shakespeare_text(2000))
     moe.draw_moe(result, ctx.out / "moe.png")
     return Made("moe.png", "Mixture-of-experts routing", result.caption, f"attnlab viz moe --model {run} --out moe.png")
@@ -202,7 +204,7 @@ def make_all(out: str | Path, runs: list[str] | None = None) -> Gallery:
     run_dirs = [Path(r) for r in runs] if runs is not None else find_runs()
     for r in run_dirs:
         if not r.is_dir():
-            raise ValueError(f"--runs {r} is not a directory")
+            raise UserError(f"--runs {r} is not a directory")
     ctx, gallery = _Context(out, run_dirs), Gallery()
     for name, job in JOBS:
         t0 = time.perf_counter()

@@ -14,9 +14,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from attnlab.errors import UserError
 from attnlab.nn.kv_cache import KVCache
 from attnlab.viz.figure import finish, new_figure
-from attnlab.viz.sources import FITTING, Source, describe
+from attnlab.viz.sources import FITTING, Source
+from attnlab.tasks.kinds import Kind
 
 POSITIONS = (8, 32, 64, 128, 256, 512)
 
@@ -87,22 +89,22 @@ def kv_cache_timing(source: Source, text: str, positions: tuple[int, ...] = POSI
         ValueError: a model that is not a decoder-only language model, or a text too short for the
             positions (or positions beyond the model's context).
     """
-    if source.kind != "causal-lm":
-        raise ValueError(f"the kv-cache figure needs a decoder: {FITTING['causal-lm']}; {source.name} is "
-                         f"{describe(source.kind)}")
+    if source.kind is not Kind.CAUSAL_LM:
+        raise UserError(f"the kv-cache figure needs a decoder: {FITTING[Kind.CAUSAL_LM]}; {source.name} is "
+                        f"{source.described}")
     model, cfg = source.model, source.model.cfg
     positions = sorted(set(positions))
     if not positions or positions[0] < 2 or positions[-1] + 2 > cfg.max_seq_len:
-        raise ValueError(f"--positions must lie in 2..{cfg.max_seq_len - 2} (the model's context), got {positions}")
+        raise UserError(f"--positions must lie in 2..{cfg.max_seq_len - 2} (the model's context), got {positions}")
     ids = source.tokenizer.encode(text)
     if len(ids) < positions[-1] + 2:
-        raise ValueError(f"the text has {len(ids)} tokens; timing position {positions[-1]} needs "
-                         f"{positions[-1] + 2}")
+        raise UserError(f"the text has {len(ids)} tokens; timing position {positions[-1]} needs "
+                        f"{positions[-1] + 2}")
     seconds = {"cache": [step_seconds(model, ids, p, True) for p in positions],
                "no cache": [step_seconds(model, ids, p, False) for p in positions]}
     contexts = sorted({min(cfg.max_seq_len, t) for t in (256, 1024, 2048, 4096, 8192)})
-    return KVCacheResult(source.name, positions, seconds, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
-                         contexts, cache_sizes(cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, contexts))
+    return KVCacheResult(source.name, positions, seconds, cfg.n_layers, cfg.n_heads, cfg.kv_heads, cfg.head_dim,
+                         contexts, cache_sizes(cfg.n_layers, cfg.n_heads, cfg.kv_heads, cfg.head_dim, contexts))
 
 
 def draw_kv_cache(r: KVCacheResult, out) -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from attnlab.data.translation import pad_batch
+from attnlab.errors import UserError
 from attnlab.nn.masks import causal_mask, padding_mask
 from attnlab.viz.figure import finish, new_figure, short
 
@@ -48,7 +49,7 @@ def batch_masks(tokenizer, sources: list[str], targets: list[str], pad_id: int, 
         ValueError: for an empty batch or window_size < 1.
     """
     if not sources:
-        raise ValueError("the masks figure needs at least one sentence pair")
+        raise UserError("the masks figure needs at least one sentence pair")
     src_ids = tokenizer.encode_batch(sources)
     tgt_ids = [[bos_id] + t for t in tokenizer.encode_batch(targets)]
     src, tgt_in = pad_batch(src_ids, pad_id), pad_batch(tgt_ids, pad_id)

@@ -12,9 +12,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from attnlab.errors import UserError
 from attnlab.viz.capture import recorded_routing
 from attnlab.viz.figure import finish, new_figure, short
 from attnlab.viz.sources import Source
+from attnlab.tasks.kinds import Kind
 
 MOE_RUN = ("a mixture-of-experts run, e.g. attnlab train --recipe shakespeare-char --set n_experts=4 "
            "--set moe_top_k=1 --steps 600 --out runs/shakespeare-moe")
@@ -61,11 +63,11 @@ def moe_routing(source: Source, text: str) -> MoEResult:
         ValueError: the model has no mixture-of-experts layers (naming what fits), or the text no token.
     """
     cfg = getattr(source.model, "cfg", None)
-    if source.kind != "causal-lm" or not getattr(cfg, "n_experts", 0):
-        raise ValueError(f"the moe figure needs {MOE_RUN}; {source.name} has no mixture-of-experts layers")
+    if source.kind is not Kind.CAUSAL_LM or not getattr(cfg, "n_experts", 0):
+        raise UserError(f"the moe figure needs {MOE_RUN}; {source.name} has no mixture-of-experts layers")
     ids = source.tokenizer.encode(text)
     if not ids:
-        raise ValueError("the text has no token the model's tokenizer knows")
+        raise UserError("the text has no token the model's tokenizer knows")
     window = cfg.max_seq_len
     choices = []
     for start in range(0, len(ids), window):

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from attnlab.errors import UserError
 from attnlab.train.losses import label_smoothed_cross_entropy
 from attnlab.train.loop import learning_rate
 from attnlab.viz.figure import finish, new_figure
@@ -86,7 +87,7 @@ def schedule_figure_data(recipes: tuple[str, ...] = RECIPES, steps: int | None =
     if epsilon is None:
         epsilon = getattr(get_recipe(recipes[0]).data, "label_smoothing", 0.0) or 0.1
     if not 0 <= epsilon < 1:
-        raise ValueError(f"--epsilon must be in [0, 1), got {epsilon}")
+        raise UserError(f"--epsilon must be in [0, 1), got {epsilon}")
     one_hot = np.zeros(10)
     one_hot[3] = 1.0
     return ScheduleResult(curves, epsilon, 3, 0, one_hot, smoothed_target(epsilon))

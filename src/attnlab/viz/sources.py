@@ -1,10 +1,8 @@
 """Every model, run and recipe the pictures load, in one place.
 
-The pictures never call a loader directly: they get a `Source` (model + tokenizer + kind) from here
-(through load.load_model and the task registry's run directories).
-Kinds: "encoder" (BERT: all-minilm-l6-v2, a bert run), "causal-lm" (GPT/LLaMA: smollm2-135m, a GGUF
-file, a language-model run), "seq2seq" (a translation run); "recurrent" (Mamba) and "vision" (ViT)
-models are recognised so that a figure that needs attention says which models fit.
+The pictures never call a loader directly: they get a `Source` from here, a tasks.LoadedModel (from
+load.load_model) and the name the user gave. What a model is (its kind, whether it has attention
+weights) the task registry says (tasks/registry.py).
 """
 from __future__ import annotations
 
@@ -14,41 +12,47 @@ from pathlib import Path
 from attnlab import pretrained
 from attnlab.data.text import read_text, split_text
 from attnlab.data.translation import read_parallel
+from attnlab.errors import UserError
 from attnlab.jsonfile import read_json
 from attnlab.load import load_model
 from attnlab.recipes import get_recipe as _get_recipe
+from attnlab.tasks.kinds import Kind
 from attnlab.tasks.language_model import TextDataConfig
+from attnlab.tasks.loaded import LoadedModel
+from attnlab.tasks.registry import task_of_path
 from attnlab.tokenizers import ByteLevelBPE
 
-NAMED_KINDS = {"all-minilm-l6-v2": "encoder", "smollm2-135m": "causal-lm"}
-# model_type (the task registry's, or a HF config.json's) -> kind
-RUN_KINDS = {"seq2seq": "seq2seq", "gpt": "causal-lm", "bert": "encoder", "vit": "vision", "mamba": "recurrent",
-             "llama": "causal-lm", "mistral": "causal-lm", "qwen2": "causal-lm", "mixtral": "causal-lm",
-             "gpt2": "causal-lm"}
+DRAWN = (Kind.ENCODER, Kind.CAUSAL_LM, Kind.SEQ2SEQ)  # the kinds whose attention the pictures draw
 FITTING = {  # what to pass where a figure needs a model of this kind
-    "encoder": "all-minilm-l6-v2 or a BERT run (attnlab train --recipe bert-mlm)",
-    "causal-lm": "smollm2-135m, a GGUF file or a language-model run (attnlab train --recipe shakespeare-char)",
-    "seq2seq": "a translation run (attnlab train --recipe multi30k-en-de --out runs/multi30k)",
+    Kind.ENCODER: "all-minilm-l6-v2 or a BERT run (attnlab train --recipe bert-mlm)",
+    Kind.CAUSAL_LM: "smollm2-135m, a GGUF file or a language-model run (attnlab train --recipe shakespeare-char)",
+    Kind.SEQ2SEQ: "a translation run (attnlab train --recipe multi30k-en-de --out runs/multi30k)",
 }
-
-DESCRIBED = {"encoder": "an encoder (BERT)", "causal-lm": "a decoder-only language model",
-             "seq2seq": "an encoder–decoder translation model", "vision": "a vision model",
-             "recurrent": "a Mamba (state-space) model, which has no attention weights"}
-
-
-def describe(kind: str) -> str:
-    """A kind in words, with its article: "an encoder (BERT)"."""
-    return DESCRIBED.get(kind, f"a {kind} model")
 
 
 @dataclass
 class Source:
     """A loaded model with its tokenizer, for the pictures."""
 
-    model: object       # models.bert.Bert, models.gpt.GPT or models.seq2seq.Seq2SeqTransformer, in eval mode
-    tokenizer: object   # tokenizers.Tokenizer (BERT WordPiece) or ByteLevelBPE
-    kind: str           # "encoder", "causal-lm" or "seq2seq"
-    name: str           # what the user passed (a model name or a path)
+    loaded: LoadedModel  # model (eval mode), tokenizer, task
+    name: str            # what the user passed (a model name or a path)
+
+    @property
+    def model(self):
+        return self.loaded.model
+
+    @property
+    def tokenizer(self):
+        return self.loaded.tokenizer
+
+    @property
+    def kind(self) -> Kind:
+        return self.loaded.kind
+
+    @property
+    def described(self) -> str:
+        """The model in words: "an encoder (BERT)"."""
+        return self.loaded.task.described
 
     def tokenize(self, text: str) -> tuple[list[int], list[str]]:
         """Token ids of `text` as the model reads it, and each token as display text.
@@ -56,7 +60,7 @@ class Source:
         Encoders get [CLS] ... [SEP] (WordPiece); decoders and translation sources get the plain
         byte-level BPE ids (no special token), as `generate` and `translate` give them.
         """
-        if self.kind == "encoder":
+        if self.kind is Kind.ENCODER:
             enc = self.tokenizer.encode(text)
             return list(enc.ids), list(enc.tokens)
         ids = self.tokenizer.encode(text)
@@ -67,44 +71,38 @@ class Source:
         return self.tokenizer.token_bytes(token_id).decode("utf-8", errors="backslashreplace")
 
 
-def kind_of(name_or_dir: str) -> str:
-    """The kind of a model name, GGUF file or run/model directory, without loading it.
+def task_of(name_or_dir: str):
+    """The family (tasks.base.Task) of a model name, GGUF file or run/model directory, without loading it.
 
     Raises:
-        FileNotFoundError: no such model or path. ValueError: a directory of an unknown kind.
+        FileNotFoundError: no such model or path. UserError: a directory of no family we know.
     """
-    if name_or_dir in NAMED_KINDS:
-        return NAMED_KINDS[name_or_dir]
     path = pretrained.resolve(name_or_dir)
-    if path.is_file():
-        return "causal-lm"  # a GGUF file
-    if (path / "model.safetensors").is_file() and (path / "config.json").is_file():
-        kind = str(read_json(path / "config.json").get("model_type"))
-        if kind in RUN_KINDS:
-            return RUN_KINDS[kind]
-    raise ValueError(f"{name_or_dir} is not a model this draws: give {FITTING['encoder']}; "
-                     f"{FITTING['causal-lm']}; or {FITTING['seq2seq']}")
+    try:
+        return task_of_path(path)
+    except UserError:
+        raise UserError(f"{name_or_dir} is not a model this draws: give {FITTING[Kind.ENCODER]}; "
+                        f"{FITTING[Kind.CAUSAL_LM]}; or {FITTING[Kind.SEQ2SEQ]}") from None
 
 
-def load(name_or_dir: str, kinds: tuple[str, ...] = ("encoder", "causal-lm", "seq2seq"),
-         figure: str = "this figure") -> Source:
-    """Load a model for a figure that accepts `kinds`.
+def load(name_or_dir: str, kinds: tuple[Kind, ...] = DRAWN, figure: str = "this figure") -> Source:
+    """Load a model with attention weights for a figure that accepts `kinds`.
 
     Raises:
-        ValueError: the model is of another kind (naming the models that fit), or not a model.
-        FileNotFoundError: no such model or path.
+        UserError: the model is of another kind, or has no attention (naming the models that fit),
+            or is not a model. FileNotFoundError: no such model or path.
     """
-    kind = kind_of(name_or_dir)
-    if kind not in kinds:
+    task = task_of(name_or_dir)
+    if task.kind not in kinds or not task.has_attention:
         fits = "; ".join(FITTING[k] for k in kinds)
-        raise ValueError(f"{name_or_dir} is {describe(kind)}; {figure} needs {fits}")
-    loaded = load_model(name_or_dir)
-    return Source(loaded.model.eval(), loaded.tokenizer, kind, name_or_dir)
+        what = task.described + ("" if task.has_attention else ", which has no attention weights")
+        raise UserError(f"{name_or_dir} is {what}; {figure} needs {fits}")
+    return Source(load_model(name_or_dir), name_or_dir)
 
 
 def load_for_attention(name_or_dir: str) -> Source:
     """Any model whose attention can be drawn: an encoder, a decoder or a translation run."""
-    return load(name_or_dir, ("encoder", "causal-lm", "seq2seq"), "the attention figure")
+    return load(name_or_dir, DRAWN, "the attention figure")
 
 
 def run_config(run_dir: str | Path) -> dict:
@@ -141,7 +139,7 @@ def translation_tokenizer(run_dir: str | None, vocab_size: int = 1000, sentences
     """(tokenizer, pad_id, bos_id, eos_id): a translation run's tokenizer, or, without a run, a small
     byte-level BPE trained here on the first `sentences` Multi30k training pairs (both languages)."""
     if run_dir is not None:
-        source = load(run_dir, ("seq2seq",), "a translation tokenizer")
+        source = load(run_dir, (Kind.SEQ2SEQ,), "a translation tokenizer")
         cfg = source.model.cfg
         return source.tokenizer, cfg.pad_id, cfg.bos_id, cfg.eos_id
     src, tgt = multi30k_pairs("train", sentences)

@@ -10,9 +10,11 @@ from dataclasses import dataclass
 
 import torch
 
+from attnlab.errors import UserError
 from attnlab.generate import greedy_decode
 from attnlab.viz.figure import finish, new_figure, short
-from attnlab.viz.sources import FITTING, Source, describe
+from attnlab.viz.sources import FITTING, Source
+from attnlab.tasks.kinds import Kind
 
 
 @dataclass
@@ -49,11 +51,11 @@ def teacher_forcing(source: Source, sentence: str, reference: str, max_new_token
     Raises:
         ValueError: for a model that is not a translation model, or an empty sentence.
     """
-    if source.kind != "seq2seq":
-        raise ValueError(f"the teacher-forcing figure needs {FITTING['seq2seq']}; {source.name} is "
-                         f"{describe(source.kind)}")
+    if source.kind is not Kind.SEQ2SEQ:
+        raise UserError(f"the teacher-forcing figure needs {FITTING[Kind.SEQ2SEQ]}; {source.name} is "
+                        f"{source.described}")
     if not sentence.strip() or not reference.strip():
-        raise ValueError("the teacher-forcing figure needs a sentence and its reference translation")
+        raise UserError("the teacher-forcing figure needs a sentence and its reference translation")
     model, tok = source.model, source.tokenizer
     cfg = model.cfg
     src = torch.tensor([tok.encode(sentence)[:cfg.max_seq_len]])

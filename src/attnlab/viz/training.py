@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from attnlab.errors import UserError
 from attnlab.viz.figure import finish, new_figure
 
 QUALITY = ("val_bleu", "accuracy", "bits_per_byte", "mlm_accuracy")  # first one a run has is drawn
@@ -28,8 +29,8 @@ def read_metrics(run_dir: str | Path) -> RunCurves:
     """
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
-        raise ValueError(f"{path} not found: the training figure reads a run's metrics.jsonl (a run directory "
-                         f"made by attnlab train)")
+        raise UserError(f"{path} not found: the training figure reads a run's metrics.jsonl (a run directory "
+                        f"made by attnlab train)")
     curves = RunCurves(Path(run_dir).resolve().name)
     for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
@@ -39,7 +40,7 @@ def read_metrics(run_dir: str | Path) -> RunCurves:
         except json.JSONDecodeError:
             rec = None
         if not isinstance(rec, dict):
-            raise ValueError(f"{path} line {n} is not a JSON object")
+            raise UserError(f"{path} line {n} is not a JSON object")
         if "averaged" in rec:
             curves.averaged.append(rec)
         elif "loss" in rec:
@@ -55,7 +56,7 @@ def read_metrics(run_dir: str | Path) -> RunCurves:
 def training_curves(run_dirs: list[str]) -> list[RunCurves]:
     """Curves of every run in `run_dirs`. Raises ValueError as read_metrics, or for no runs."""
     if not run_dirs:
-        raise ValueError("the training figure needs at least one run directory (--runs DIR ...)")
+        raise UserError("the training figure needs at least one run directory (--runs DIR ...)")
     return [read_metrics(d) for d in run_dirs]
 
 

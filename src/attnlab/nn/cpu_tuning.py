@@ -1,0 +1,87 @@
+"""How this machine runs the decode products: a deterministic choice per CPU, never a timing.
+
+The same arithmetic (every result bit for bit the same) streams weights at different rates on
+different CPUs, so a few settings are chosen per CPU kind from /proc/cpuinfo, by a fixed rule:
+
+    prefetch_q     how far ahead (weight bytes) a quantized tile's weights are prefetched
+    prefetch_f32   the same for fp32 tiles (0 = the hardware prefetcher alone)
+    parallel_bytes a thread's least share of one product's weights (smaller: run on one thread)
+    linear_form    how nn/linear.py computes a few-row fp32 product: "cpp" (decode_matvec.h's
+                   AVX512 kernel, where the extension builds), "bmm" (a batched product over 4 row
+                   blocks) or "blas" (F.linear); results agree up to fp32 summation order
+
+Where a value came from (bench/decode_tuning.py runs the sweeps; the README keeps the tables):
+    Intel (GenuineIntel; Sapphire Rapids, issue 17's host): prefetch_q 3072 (1.3-2× on Q8_0 / Q4_1),
+        no fp32 prefetch (no gain), parallel_bytes 32 KiB.
+    AMD (AuthenticAMD; EPYC Zen 4, issue 23's host): see AMD_ZEN4 below.
+The chosen values are printed in every bench JSON (`chosen()`), and ATTNLAB_CPU_TUNING=intel|amd
+forces one kind's row (to compare them on one machine).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from attnlab.errors import UserError
+ENV = "ATTNLAB_CPU_TUNING"  # "intel" / "amd": use that kind's row whatever this CPU is
+
+
+@dataclass(frozen=True)
+class Tuning:
+    prefetch_q: int       # bytes; 0 = none
+    prefetch_f32: int     # bytes; 0 = none
+    parallel_bytes: int   # bytes
+    linear_form: str      # "cpp", "bmm" or "blas" (module doc)
+
+
+INTEL_SPR = Tuning(prefetch_q=3072, prefetch_f32=0, parallel_bytes=1 << 15, linear_form="cpp")
+AMD_ZEN4 = Tuning(prefetch_q=3072, prefetch_f32=0, parallel_bytes=1 << 15, linear_form="cpp")
+ROWS = {"intel": INTEL_SPR, "amd": AMD_ZEN4}
+
+
+def cpu_info(path: str = "/proc/cpuinfo") -> dict:
+    """{"vendor", "model_name", "flags": {avx512_vnni, avx512_bf16, amx}} of this CPU ("" / False
+    where /proc/cpuinfo does not say)."""
+    fields: dict[str, str] = {}
+    try:
+        for line in Path(path).read_text().splitlines():
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    flags = set(fields.get("flags", "").split())
+    return {"vendor": fields.get("vendor_id", ""), "model_name": fields.get("model name", ""),
+            "flags": {"avx512_vnni": "avx512_vnni" in flags, "avx512_bf16": "avx512_bf16" in flags,
+                      "amx": bool({"amx_tile", "amx_int8", "amx_bf16"} & flags)}}
+
+
+def kind(info: dict | None = None) -> str:
+    """"amd" for an AuthenticAMD CPU, else "intel" (the rule's default row); ATTNLAB_CPU_TUNING overrides."""
+    forced = os.environ.get(ENV, "")
+    if forced:
+        if forced not in ROWS:
+            raise UserError(f"{ENV}={forced!r}: must be one of {', '.join(ROWS)}")
+        return forced
+    return "amd" if (info or cpu_info())["vendor"] == "AuthenticAMD" else "intel"
+
+
+def choose(info: dict | None = None) -> Tuning:
+    """This machine's row of the rule (module doc): the same answer at every call."""
+    return ROWS[kind(info)]
+
+
+def chosen(kernel_built: bool) -> dict:
+    """What a bench JSON records: the CPU, the row chosen and its values (linear_form as it will
+    run: "cpp" needs the extension, else "bmm" on AMD and "blas" elsewhere)."""
+    info = cpu_info()
+    row = choose(info)
+    return {"cpu": info, "tuning_row": kind(info), **asdict(row), "linear_form": linear_form(kernel_built, info)}
+
+
+def linear_form(kernel_built: bool, info: dict | None = None) -> str:
+    """The few-row fp32 product nn/linear.py runs here (module doc)."""
+    row = choose(info)
+    if row.linear_form == "cpp" and not kernel_built:
+        return "bmm" if kind(info) == "amd" else "blas"
+    return row.linear_form
