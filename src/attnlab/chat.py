@@ -49,7 +49,7 @@ def chat_stop_tokens(loaded) -> list[int]:
     (END_OF_TURN, e.g. <|im_end|>) its tokenizer has; sorted.
 
     Args:
-        loaded: load.Loaded of a causal LM.
+        loaded: a tasks.LoadedModel of a causal LM.
     """
     tok, ids = loaded.tokenizer, []
     if loaded.model.cfg.eos_id is not None:
@@ -67,10 +67,10 @@ def chat_prompt(loaded, messages: list[dict]) -> list[int]:
     own template (render_chat) with its bos/eos strings, special tokens allowed.
 
     Raises:
-        ValueError: when the model has no chat template or the template refuses the messages.
+        UserError: when the model has no chat template or the template refuses the messages.
     """
     if not loaded.chat_template:
-        raise ValueError(f"{loaded.source} has no chat template; use completions (plain text) instead")
+        raise UserError(f"{loaded.path} has no chat template; use plain-text completion instead")
     prompt = render_chat(loaded.chat_template, messages, True, loaded.special.get("bos", ""),
                          loaded.special.get("eos", ""))
     return loaded.tokenizer.encode(prompt, allowed_special="all")

@@ -17,6 +17,7 @@ pytest.importorskip("gguf", reason="the tiny model is written as GGUF (the hf ex
 
 from tests.serve.tiny import tiny_chat_gguf  # noqa: E402
 
+CTX = 32768  # positions per slot of the shared server: room for requests that run long enough to be cut
 LISTENING = re.compile(r"listening on (http://[0-9.]+:\d+)")
 
 
@@ -82,10 +83,10 @@ def has_minilm() -> bool:
 
 @pytest.fixture(scope="session")
 def server(tiny_gguf):
-    """The shared server: the tiny chat model (16 slots of 512 positions) and, when installed,
+    """The shared server: the tiny chat model (16 slots of CTX positions) and, when installed,
     all-MiniLM-L6-v2 for embeddings."""
     extra = ["--embed-model", "all-minilm-l6-v2"] if has_minilm() else []
-    live = LiveServer(str(tiny_gguf), "--max-batch", "16", "--ctx-size", "512", *extra)
+    live = LiveServer(str(tiny_gguf), "--max-batch", "16", "--ctx-size", str(CTX), *extra)
     yield live
     assert live.stop() == 0, live.text_log()
     assert "Traceback" not in live.text_log(), live.text_log()

@@ -31,7 +31,7 @@ def until(page, condition, timeout: float = 30) -> None:
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
 def test_the_chat_page_streams_stops_and_stays_on_this_machine(tiny_gguf):
-    server = LiveServer(str(tiny_gguf), "--ctx-size", "4096")  # room for a reply long enough to stop
+    server = LiveServer(str(tiny_gguf), "--ctx-size", "32768", "--max-batch", "2")  # a reply long enough to stop
     try:
         page_session(server)
     finally:
@@ -51,7 +51,7 @@ def page_session(server):
             page.goto(server.url + "/")
             until(page, lambda: ".gguf" in page.inner_text("#model"))
             page.fill("#temperature", "0")
-            page.fill("#max_tokens", "4000")
+            page.fill("#max_tokens", "30000")
             page.fill("#input", "Hello there")
             page.click("#send")
             reply = page.locator(".msg.assistant .text").last

@@ -10,7 +10,7 @@ import pytest
 
 httpx = pytest.importorskip("httpx")
 
-from tests.serve.conftest import wait_until  # noqa: E402
+from tests.serve.conftest import CTX, wait_until  # noqa: E402
 
 MSG = [{"role": "user", "content": "Hi"}]
 
@@ -76,13 +76,14 @@ def test_unknown_model_and_route_are_404_wrong_method_405(http, server):
 
 
 def test_context_limits_are_400(http, server):
-    long = {"model": server.model, "prompt": "dog " * 600}
-    e = check_error(http.post("/v1/completions", json=long), 400, "context is 512 tokens")
+    long = {"model": server.model, "prompt": [5] * (CTX + 1)}
+    e = check_error(http.post("/v1/completions", json=long), 400, f"context is {CTX} tokens", param="prompt")
     assert e["code"] == "context_length_exceeded"
-    r = http.post("/v1/completions", json={"model": server.model, "prompt": "A dog", "max_tokens": 600})
-    assert check_error(r, 400, "context is 512", param="max_tokens")["code"] == "context_length_exceeded"
-    ok = http.post("/v1/completions", json={"model": server.model, "prompt": "A dog", "max_tokens": 500})
-    assert ok.status_code == 200
+    almost = {"model": server.model, "prompt": [5] * (CTX - 1), "max_tokens": 2}  # one position short
+    e = check_error(http.post("/v1/completions", json=almost), 400, f"you asked for {CTX + 1}", param="max_tokens")
+    assert e["code"] == "context_length_exceeded"
+    ok = http.post("/v1/completions", json={"model": server.model, "prompt": "A dog", "max_tokens": 3})
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
 
 
 def test_invalid_utf8_and_a_body_over_the_limit(http, server):
@@ -101,7 +102,7 @@ def running(http) -> int:
 
 def test_a_client_that_leaves_mid_stream_frees_its_slot(http, server):
     assert wait_until(lambda: running(http) == 0)
-    body = chat(server, max_tokens=450, stream=True, ignore_eos=True)
+    body = chat(server, max_tokens=CTX - 100, stream=True, ignore_eos=True)
     with httpx.Client(base_url=server.url, timeout=60) as other:
         with other.stream("POST", "/v1/chat/completions", json=body) as r:
             lines = r.iter_lines()
@@ -113,7 +114,7 @@ def test_a_client_that_leaves_mid_stream_frees_its_slot(http, server):
 
 def test_a_client_that_leaves_a_plain_request_frees_its_slot(http, server):
     assert wait_until(lambda: running(http) == 0)
-    body = json.dumps(chat(server, max_tokens=450, ignore_eos=True)).encode()
+    body = json.dumps(chat(server, max_tokens=CTX - 100, ignore_eos=True)).encode()
     host, port = server.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port))) as s:
         s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"

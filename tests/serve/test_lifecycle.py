@@ -21,7 +21,7 @@ MSG = [{"role": "user", "content": "Hi"}]
 @pytest.fixture(scope="module")
 def strict(tiny_gguf):
     """One slot, one waiting place, an API key."""
-    live = LiveServer(str(tiny_gguf), "--max-batch", "1", "--max-queue", "1", "--ctx-size", "4096",
+    live = LiveServer(str(tiny_gguf), "--max-batch", "1", "--max-queue", "1", "--ctx-size", "32768",
                       "--api-key", KEY)
     yield live
     assert live.stop() == 0, live.text_log()
@@ -45,7 +45,7 @@ def test_the_api_key_is_required_on_v1_routes(strict):
 
 def test_a_full_queue_answers_429_with_retry_after(strict):
     auth = {"Authorization": f"Bearer {KEY}"}
-    long = {"model": strict.model, "prompt": "A dog", "max_tokens": 4000, "ignore_eos": True, "stream": True}
+    long = {"model": strict.model, "prompt": "A dog", "max_tokens": 32000, "ignore_eos": True, "stream": True}
     short = {**long, "stream": False, "max_tokens": 2}
     clients = [httpx.Client(base_url=strict.url, headers=auth, timeout=60) for _ in range(3)]
     try:
@@ -66,7 +66,7 @@ def test_a_full_queue_answers_429_with_retry_after(strict):
 
 
 def test_sigterm_finishes_short_requests_cuts_long_ones_and_exits_0(tiny_gguf):
-    live = LiveServer(str(tiny_gguf), "--ctx-size", "4096", "--drain-seconds", "3")
+    live = LiveServer(str(tiny_gguf), "--ctx-size", "32768", "--max-batch", "4", "--drain-seconds", "3")
     events: dict[str, list] = {"long": [], "short": []}
 
     def stream(name, max_tokens):
@@ -77,7 +77,7 @@ def test_sigterm_finishes_short_requests_cuts_long_ones_and_exits_0(tiny_gguf):
                 if line.startswith("data: "):
                     events[name].append(line[6:])
 
-    threads = [threading.Thread(target=stream, args=("long", 4000)),
+    threads = [threading.Thread(target=stream, args=("long", 32000)),
                threading.Thread(target=stream, args=("short", 60))]
     threads[0].start()
     assert wait_until(lambda: len(events["long"]) > 3, timeout=30)
@@ -98,7 +98,7 @@ def test_sigterm_finishes_short_requests_cuts_long_ones_and_exits_0(tiny_gguf):
         assert json.loads(events[name][-3])["choices"][0]["finish_reason"] == "length"
         tokens[name] = json.loads(events[name][-2])["usage"]["completion_tokens"]
     assert tokens["short"] == 60  # finished within the deadline: every token came
-    assert 3 < tokens["long"] < 4000  # cut at the deadline, its response closed properly
+    assert 3 < tokens["long"] < 32000  # cut at the deadline, its response closed properly
     assert "draining" in live.text_log() and "Traceback" not in live.text_log()
 
 
@@ -119,7 +119,7 @@ def exit_code(argv) -> int:
 
 def test_bad_flags_and_missing_models_exit_2_in_one_line(capsys, tmp_path):
     for argv, words in ((["serve", "--model", str(tmp_path / "none.gguf")], "neither a model name"),
-                        (["serve"], "give --model"),
+                        (["serve"], "serve needs a language model (--model NAME) or an encoder (--embed-model NAME)"),
                         (["serve", "--model", "x", "--port", "70000"], "--port"),
                         (["serve", "--model", "x", "--max-batch", "0"], "--max-batch")):
         assert exit_code(argv) == 2

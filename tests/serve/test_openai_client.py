@@ -12,7 +12,7 @@ from attnlab.chat import chat_prompt, chat_stop_tokens  # noqa: E402
 from attnlab.embed import embed  # noqa: E402
 from attnlab.generate import generate  # noqa: E402
 from attnlab.load import load_causal_lm, load_encoder  # noqa: E402
-from tests.serve.conftest import has_minilm  # noqa: E402
+from tests.serve.conftest import CTX, has_minilm  # noqa: E402
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is the capital of France?"}]
 
@@ -133,6 +133,6 @@ def test_errors_are_the_clients_own_exceptions_with_our_message(client, server):
     with pytest.raises(openai.BadRequestError, match="'temperature' must be less than or equal to 2") as e:
         client.chat.completions.create(model=server.model, messages=MESSAGES, temperature=2.5)
     assert e.value.param == "temperature" and e.value.type == "invalid_request_error"
-    with pytest.raises(openai.BadRequestError, match="context is 512 tokens") as e:
-        client.completions.create(model=server.model, prompt="dog " * 600, max_tokens=4)
+    with pytest.raises(openai.BadRequestError, match=f"context is {CTX} tokens") as e:
+        client.completions.create(model=server.model, prompt="A dog", max_tokens=CTX)
     assert e.value.code == "context_length_exceeded"

@@ -31,7 +31,7 @@ def printable(tok, i: int) -> bool:
     return text.isprintable()
 
 
-def tiny_chat_gguf(path, max_seq_len: int = 4096):
+def tiny_chat_gguf(path, max_seq_len: int = 32768):
     """Write the tiny model to `path` (.gguf); return (model, tokenizer)."""
     tok = ByteLevelBPE.train(TEXT, vocab_size=320, special_tokens=SPECIAL)
     torch.manual_seed(0)

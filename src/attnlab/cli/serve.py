@@ -12,6 +12,7 @@ import torch
 
 from attnlab.cli.args import nonnegative_float, positive_int
 from attnlab.engines import ENGINES
+from attnlab.errors import UserError
 from attnlab.nn.quant_linear import DTYPES
 
 SERVE_EXTRA = ("fastapi", "uvicorn", "prometheus_client", "starlette", "pydantic")
@@ -33,7 +34,7 @@ def port(text: str) -> int:
 
 def cmd_serve(args) -> None:
     if serve is None:
-        raise ValueError(f"attnlab serve needs the serve extra ({MISSING} is missing): pip install 'attnlab[serve]'")
+        raise UserError(f"attnlab serve needs the serve extra ({MISSING} is missing): pip install 'attnlab[serve]'")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     serve(ServeConfig(model=args.model, dtype=args.dtype, embed_model=args.embed_model, host=args.host,

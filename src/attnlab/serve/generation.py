@@ -12,6 +12,7 @@ import asyncio
 from dataclasses import dataclass
 
 from attnlab.chat import chat_prompt, chat_stop_tokens
+from attnlab.errors import UserError
 from attnlab.serve.errors import APIError, bad_request
 from attnlab.serve.scheduler import QueueFull, SamplingParams, Scheduler, Sequence
 from attnlab.textstream import StopStrings, TextStream
@@ -27,11 +28,11 @@ class Generation:
 
 
 class LanguageModel:
-    """The served causal LM: its tokenizer and template (load.Loaded) and the scheduler that owns its
+    """The served causal LM: its tokenizer and template (a tasks.LoadedModel) and the scheduler that owns its
     engine.
 
     Args:
-        loaded: load.Loaded of a causal LM. scheduler: the Scheduler over its engine (started).
+        loaded: a tasks.LoadedModel of a causal LM. scheduler: the Scheduler over its engine (started).
         name: the model id clients send (the --model argument).
     """
 
@@ -49,7 +50,7 @@ class LanguageModel:
                     for m in req.messages]
         try:
             ids = chat_prompt(self.loaded, messages)
-        except ValueError as e:
+        except UserError as e:
             raise bad_request(str(e), param="messages") from None
         return self._generation(ids, req, req.token_limit(), self.chat_stops, "messages")
 

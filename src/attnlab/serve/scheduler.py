@@ -23,6 +23,7 @@ import torch
 
 from attnlab import sampling
 from attnlab.engines.base import DecodeEngine
+from attnlab.errors import UserError
 
 log = logging.getLogger("attnlab.serve")
 
@@ -100,7 +101,7 @@ class Scheduler:
 
     def __init__(self, engine: DecodeEngine, max_queue: int = 64, metrics=None):
         if max_queue < 0:
-            raise ValueError(f"max_queue must be >= 0, got {max_queue}")
+            raise UserError(f"max_queue={max_queue} must be >= 0", param="max_queue")
         self.engine, self.max_queue, self.metrics = engine, max_queue, metrics or NullMetrics()
         self.waiting: deque[Sequence] = deque()
         self.running: dict[int, Sequence] = {}  # slot -> sequence

@@ -18,6 +18,7 @@ import torch
 import uvicorn
 
 from attnlab.engines import choose_engine, context_limit
+from attnlab.errors import UserError
 from attnlab.load import load_causal_lm, load_encoder
 from attnlab.serve.app import ServerState, create_app
 from attnlab.serve.generation import LanguageModel
@@ -45,17 +46,20 @@ class ServeConfig:
     max_body: int = 4 << 20           # bytes (413 beyond)
 
     def check(self) -> None:
-        for name in ("max_batch",):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        """Raises UserError naming the setting out of range."""
+        if self.max_batch < 1:
+            raise UserError(f"max_batch={self.max_batch} must be >= 1", param="max_batch")
         if self.max_queue < 0:
-            raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
+            raise UserError(f"max_queue={self.max_queue} must be >= 0", param="max_queue")
         if self.ctx_size is not None and self.ctx_size < 2:
-            raise ValueError(f"ctx_size must be >= 2 (a prompt token and a new one), got {self.ctx_size}")
+            raise UserError(f"ctx_size={self.ctx_size} must be >= 2 (a prompt token and a new one)", param="ctx_size")
         if self.drain_seconds < 0:
-            raise ValueError(f"drain_seconds must be >= 0, got {self.drain_seconds}")
+            raise UserError(f"drain_seconds={self.drain_seconds} must be >= 0", param="drain_seconds")
+        if not 0 <= self.port <= 65535:
+            raise UserError(f"port={self.port} must be in 0..65535 (0 = any free port)", param="port")
         if self.model is None and self.embed_model is None:
-            raise ValueError("give --model (a language model) or --embed-model (an encoder), or both")
+            raise UserError("serve needs a language model (model=NAME) or an encoder (embed_model=NAME), or both",
+                            param=("model", "embed_model"))
 
 
 def make_engine(model, max_batch: int, ctx_size: int | None, engine: str = "auto"):
