@@ -17,7 +17,8 @@ llama-server is the one built from the llama.cpp source that llama-cpp-python's 
 built once into ~/.cache/attnlab/llama-server (bench only; never in the repository). An existing
 binary: --llama-server PATH or $ATTNLAB_LLAMA_SERVER. Prints one JSON line.
 
-    python bench/serve.py [--threads 2] [--requests-per-client 4] [--clients 1 4 16] [--llama-server PATH]
+    python bench/serve.py [--threads 2] [--requests-per-client 4] [--clients 1 4 16] [--dtypes auto q8_0]
+                          [--llama-server PATH]
 """
 from __future__ import annotations
 
@@ -34,19 +35,11 @@ import time
 
 import _llama_server as peer
 import httpx
-from _common import SHARED, machine_peaks
+from _common import SHARED, host
 
+from attnlab.nn.quant_linear import DTYPES
 from attnlab.pretrained import resolve
 from attnlab.tokenizers.gguf import read_gguf_tokenizer
-
-
-def cpu() -> dict:
-    """lscpu's model name and the flags that matter here."""
-    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    fields = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
-    flags = set(fields.get("Flags", "").split())
-    return {"model_name": fields.get("Model name", platform.processor()).strip(),
-            "flags": {f: f in flags for f in ("avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8")}}
 
 
 def prompts(n: int, tokens: int) -> list[str]:
@@ -135,6 +128,10 @@ def wait_ready(url: str, proc: subprocess.Popen, what: str, timeout: float = 300
     raise RuntimeError(f"{what} did not become ready in {timeout} s")
 
 
+def ours_name(dtype: str) -> str:
+    return "attnlab" if dtype == "auto" else f"attnlab --dtype {dtype}"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -153,16 +150,21 @@ def main() -> None:
     ap.add_argument("--llama-server", default=os.environ.get("ATTNLAB_LLAMA_SERVER"),
                     help="an existing llama-server binary (default: build it once, see the docstring)")
     ap.add_argument("--no-peer", action="store_true", help="our server only")
+    ap.add_argument("--dtypes", nargs="+", default=["auto"], choices=DTYPES,
+                    help="our server's --dtype, one server each (default auto: the file's own blocks, "
+                    "the peer's precision); e.g. auto q8_0")
     ap.add_argument("--out", help="also write the JSON here")
     args = ap.parse_args()
     gguf = str(resolve("smollm2-135m"))
     texts = prompts(max(args.clients) * args.requests_per_client, args.prompt_tokens)
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     servers = {}
-    ours_port = free_port()
-    ours_cmd = [sys.executable, "-m", "attnlab", "serve", "--model", "smollm2-135m", "--port", str(ours_port),
-                "--max-batch", str(args.max_batch), "--ctx-size", "512", "--threads", str(args.threads)]
-    servers["attnlab"] = (ours_cmd, f"http://127.0.0.1:{ours_port}", "smollm2-135m")
+    for dtype in args.dtypes:
+        ours_port = free_port()
+        ours_cmd = [sys.executable, "-m", "attnlab", "serve", "--model", "smollm2-135m", "--port", str(ours_port),
+                    "--max-batch", str(args.max_batch), "--ctx-size", "512", "--threads", str(args.threads),
+                    "--dtype", dtype]
+        servers[ours_name(dtype)] = (ours_cmd, f"http://127.0.0.1:{ours_port}", "smollm2-135m")
     binary, version = None, None
     if not args.no_peer:
         binary, version = peer.ensure(args.llama_server)
@@ -192,7 +194,7 @@ def main() -> None:
                 p.kill()
     ratios = {}
     if "llama-server" in runs:
-        for ours, theirs in zip(runs["attnlab"], runs["llama-server"]):
+        for ours, theirs in zip(runs[ours_name(args.dtypes[0])], runs["llama-server"]):
             c = ours["clients"]
             ratios[f"{c} clients"] = {
                 "generated_tok_s ours / llama-server": round(ours["generated_tok_s"] / theirs["generated_tok_s"], 2),
@@ -205,7 +207,7 @@ def main() -> None:
               "commands": {name: " ".join(cmd) for name, (cmd, _, _) in servers.items()},
               "llama_server": {"binary": binary, "llama_cpp_python_sdist": version} if binary else None,
               "runs": runs, "ratios": ratios, f"scaling {args.clients[-1]} / {args.clients[0]} clients": scaling,
-              "cpu": cpu(), "machine": machine_peaks()}
+              "host": host(args.threads)}
     line = json.dumps(result)
     print(line)
     if args.out:
