@@ -43,3 +43,12 @@ def ensure(binary: str | None) -> tuple[str, str | None]:
     subprocess.run(["cmake", "--build", str(build), "--target", "llama-server", "-j", str(os.cpu_count() or 2)],
                    check=True)
     return str(built), VERSION
+
+
+def version(binary: str) -> str | None:
+    """The binary's own `--version` line (llama.cpp's version and commit), or None."""
+    try:
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return next((line.strip() for line in (out.stdout + out.stderr).splitlines() if line.startswith("version:")), None)

@@ -205,7 +205,8 @@ def main() -> None:
               "threads": args.threads, "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
               "requests_per_client": args.requests_per_client, "sampling": "greedy, ignore_eos",
               "commands": {name: " ".join(cmd) for name, (cmd, _, _) in servers.items()},
-              "llama_server": {"binary": binary, "llama_cpp_python_sdist": version} if binary else None,
+              "llama_server": {"binary": binary, "llama_cpp_python_sdist": version, "version": peer.version(binary)}
+              if binary else None,
               "runs": runs, "ratios": ratios, f"scaling {args.clients[-1]} / {args.clients[0]} clients": scaling,
               "host": host(args.threads)}
     line = json.dumps(result)
