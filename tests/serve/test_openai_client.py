@@ -3,10 +3,15 @@ same tokens as attnlab.generate, the same vectors as attnlab.embed), streams and
 and our errors surface as the client's own exception classes with our messages."""
 from __future__ import annotations
 
+import json
+
+import httpx
 import numpy as np
 import pytest
 
 openai = pytest.importorskip("openai")
+from openai.types import Completion, CreateEmbeddingResponse, Model  # noqa: E402
+from openai.types.chat import ChatCompletion, ChatCompletionChunk  # noqa: E402
 
 from attnlab.chat import chat_prompt, chat_stop_tokens  # noqa: E402
 from attnlab.embed import embed  # noqa: E402
@@ -136,3 +141,44 @@ def test_errors_are_the_clients_own_exceptions_with_our_message(client, server):
     with pytest.raises(openai.BadRequestError, match=f"context is {CTX} tokens") as e:
         client.completions.create(model=server.model, prompt="A dog", max_tokens=CTX)
     assert e.value.code == "context_length_exceeded"
+
+
+def test_raw_responses_validate_as_the_openai_packages_types(server):
+    """The client builds its objects without validating them (construct); here each raw body is
+    validated by the `openai` package's own pydantic types, and every key we send is one they declare."""
+    def check(kind, obj, extra=()):
+        parsed = kind.model_validate(obj)  # raises on a missing field or a wrong type or value
+        assert set(obj) - set(kind.model_fields) <= set(extra), (kind.__name__, set(obj) - set(kind.model_fields))
+        return parsed
+
+    def chunks(path, body):
+        with httpx.stream("POST", server.base_url + path, json=body, timeout=60) as r:
+            lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+        assert lines[-1] == "data: [DONE]"
+        return [json.loads(line[6:]) for line in lines[:-1]]
+
+    chat = {"model": server.model, "messages": MESSAGES, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+    c = check(ChatCompletion, httpx.post(server.base_url + "/chat/completions", json=chat, timeout=60).json())
+    assert c.choices[0].message.role == "assistant" and c.usage.completion_tokens == 8
+    streamed = chunks("/chat/completions", {**chat, "stream": True, "stream_options": {"include_usage": True}})
+    parsed = [check(ChatCompletionChunk, ch) for ch in streamed]
+    assert parsed[0].choices[0].delta.role == "assistant"
+    assert parsed[-2].choices[0].finish_reason == "length" and parsed[-1].choices == []
+    assert parsed[-1].usage.completion_tokens == 8
+    assert "".join(p.choices[0].delta.content or "" for p in parsed[:-1]) == c.choices[0].message.content
+    text = {"model": server.model, "prompt": "A dog", "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+    t = check(Completion, httpx.post(server.base_url + "/completions", json=text, timeout=60).json())
+    assert t.object == "text_completion" and t.usage.completion_tokens == 8
+    streamed = chunks("/completions", {**text, "stream": True})
+    reasons = [ch["choices"][0]["finish_reason"] for ch in streamed]
+    assert reasons[-1] == "length" and set(reasons[:-1]) <= {None}
+    for ch in streamed:  # the package's Completion (also a text stream's chunk type) has no null finish_reason,
+        # which OpenAI's own streams send until the last chunk: validated with the last one's
+        check(Completion, {**ch, "choices": [{**x, "finish_reason": "length"} for x in ch["choices"]]})
+    models = httpx.get(server.base_url + "/models").json()
+    assert models["object"] == "list"
+    for card in models["data"]:
+        check(Model, card, extra=("kind",))  # ours: text-generation or embedding
+    if has_minilm():
+        e = httpx.post(server.base_url + "/embeddings", json={"model": "all-minilm-l6-v2", "input": ["a", "b"]}).json()
+        assert len(check(CreateEmbeddingResponse, e).data) == 2
