@@ -138,11 +138,13 @@ class SlotCaches:
 
 class SlotStates:
     """Per-slot recurrent states of a Mamba model: one MambaState of S rows per layer, and for each
-    slot the batch-1 MambaState views of its row (views[slot][layer])."""
+    slot the batch-1 MambaState views of its row (views[slot][layer]). A recurrent model whose
+    setup_kv_cache leaves no `states` (its next token needs none) has no layers here."""
 
     def __init__(self, model, max_batch: int):
         model.setup_kv_cache(max_batch, 1)
-        self.states, model.states = model.states, None  # (S, Di, K) conv, (S, Di, N) ssm per layer
+        # (S, Di, K) conv, (S, Di, N) ssm per layer; none for a model whose next token needs no state
+        self.states, model.states = getattr(model, "states", None) or [], None
         self.views = [[self._row(st, s) for st in self.states] for s in range(max_batch)]
 
     @staticmethod
@@ -153,6 +155,8 @@ class SlotStates:
 
     def gather(self, slots: list[int]) -> list:
         """Batch-N copies of the slots' states, rows in the order of `slots`."""
+        if not self.states:
+            return []
         index = torch.tensor(slots, device=self.states[0].ssm.device)
         out = []
         for st in self.states:
@@ -163,6 +167,8 @@ class SlotStates:
 
     def scatter(self, slots: list[int], batch: list) -> None:
         """Write batch-N states back into the slots' rows."""
+        if not self.states:
+            return
         index = torch.tensor(slots, device=self.states[0].ssm.device)
         for st, b in zip(self.states, batch):
             st.conv.index_copy_(0, index, b.conv)
