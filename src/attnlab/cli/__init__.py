@@ -1,7 +1,7 @@
 """The `attnlab` command line: argparse sub-commands, each a thin call into one library function.
 
 One module per group of sub-commands (training.py: train, evaluate; models.py: translate,
-generate, chat, embed, classify, convert; tokenizer.py: tokenizer ...; viz/cli.py: viz ...), shared
+generate, chat, embed, classify, convert; serve.py: serve; tokenizer.py: tokenizer ...; viz/cli.py: viz ...), shared
 validators and text
 input in args.py. Machine-readable output goes to stdout (JSON where stated), progress and logs to
 stderr. Exit code 0 on success, 2 on bad input with a one-line reason: the library's UserError
@@ -17,6 +17,7 @@ import sys
 
 from attnlab.cli.args import OneLineParser, flags_of
 from attnlab.cli.models import add_model_parsers
+from attnlab.cli.serve import add_serve_parser
 from attnlab.cli.tokenizer import add_tokenizer_parser
 from attnlab.cli.training import add_training_parsers
 from attnlab.errors import UserError
@@ -28,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     add_training_parsers(sub)
     add_model_parsers(sub)
+    add_serve_parser(sub)
     add_tokenizer_parser(sub)
     add_viz_parser(sub)
     return p

@@ -52,7 +52,7 @@ for _task in (
     TranslationTask(),
     _GPT,
     LanguageModelTask(Mamba, MambaConfig, HFForm((MAMBA_HF_TYPE,), load_mamba_hf, save_mamba_hf),
-                      description="a Mamba (state-space) model", has_attention=False),
+                      description="a Mamba (state-space) model", has_attention=False, servable=True),
     BertTask(),
     VisionTask(),
     FinetuneTask(_GPT),  # LoRA / full fine-tunes of a pretrained GPT; PEFT adapter directories
