@@ -96,6 +96,29 @@ def best_reachable(log_prob: float, length: int, max_length: int, alpha: float, 
     return log_prob / max(length_penalty(length + 1, alpha), length_penalty(max_length, alpha))
 
 
+def extend_beams(ranked, k: int, stop, step: int, alpha: float, hyp, finished: list,
+                 next_beam: torch.Tensor, next_tok: torch.Tensor, next_scores: torch.Tensor) -> None:
+    """One beam-search step of one sentence (or prompt), shared by beam_search and
+    lm_beam.lm_beam_search. `ranked`: its 2K best continuations, best first, as (summed
+    log-probability, source beam, token). One ending in a `stop` token within the top K is finished:
+    (score / lp(step), hyp(beam)) is appended to `finished` (hyp(beam): that beam's tokens so far,
+    a list). The K best others stay alive, written into next_beam, next_tok, next_scores (each (K,);
+    rows left as they were when fewer remain). Taking 2K candidates leaves K alive ones even when K
+    of them end (Wu et al. 2016, §7; tensor2tensor's beam search)."""
+    alive = 0
+    for rank, (s, beam, t) in enumerate(ranked):
+        if s == float("-inf"):
+            break
+        if t in stop:
+            if rank < k:
+                finished.append((s / length_penalty(step, alpha), hyp(beam)))
+            continue
+        next_beam[alive], next_tok[alive], next_scores[alive] = beam, t, s
+        alive += 1
+        if alive == k:
+            break
+
+
 @torch.no_grad()
 def beam_search(model: Seq2SeqTransformer, src: torch.Tensor, beam_size: int = 4, alpha: float = 0.6,
                 max_new_tokens: int | None = None, early_stopping: str = "exact") -> list[list[int]]:
@@ -154,19 +177,9 @@ def beam_search(model: Seq2SeqTransformer, src: torch.Tensor, beam_size: int = 4
         ts, sb, tk = top_scores.tolist(), (top_idx // vocab).tolist(), (top_idx % vocab).tolist()
         keep = []  # the groups that go on
         for i, sentence in enumerate(live):
-            alive = 0
-            for rank in range(2 * k):
-                s, beam, t = ts[i][rank], sb[i][rank], tk[i][rank]
-                if s == float("-inf"):
-                    break
-                if t == cfg.eos_id:
-                    if rank < k:
-                        finished[sentence].append((s / length_penalty(step, alpha), hyps[i * k + beam].tolist()))
-                    continue
-                next_beam[i, alive], next_tok[i, alive], next_scores[i, alive] = beam, t, s
-                alive += 1
-                if alive == k:
-                    break
+            extend_beams(zip(ts[i], sb[i], tk[i]), k, (cfg.eos_id,), step, alpha,
+                         lambda beam: hyps[i * k + beam].tolist(), finished[sentence],
+                         next_beam[i], next_tok[i], next_scores[i])
             done = False
             if len(finished[sentence]) >= k:
                 worst = sorted(f[0] for f in finished[sentence])[-k]  # K-th best finished

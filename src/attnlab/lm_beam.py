@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from attnlab.errors import UserError
-from attnlab.generate import EARLY_STOPPING, best_reachable, length_penalty
+from attnlab.generate import EARLY_STOPPING, best_reachable, extend_beams, length_penalty
 
 
 def _left_padded(prompts: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -35,19 +35,9 @@ def _select(b: int, k: int, step: int, logp: torch.Tensor, scores: torch.Tensor,
     next_tok = torch.zeros(b, k, dtype=torch.long)
     next_scores = torch.full((b, k), float("-inf"))
     for i in range(b):
-        alive = 0
-        for rank in range(2 * k):
-            s, beam, t = ts[i][rank], sb[i][rank], tk[i][rank]
-            if s == float("-inf") or done[i]:
-                break
-            if t in stop:
-                if rank < k:
-                    finished[i].append((s / length_penalty(step, alpha), hyps[i * k + beam].tolist()))
-                continue
-            next_beam[i, alive], next_tok[i, alive], next_scores[i, alive] = beam, t, s
-            alive += 1
-            if alive == k:
-                break
+        if not done[i]:
+            extend_beams(zip(ts[i], sb[i], tk[i]), k, stop, step, alpha, lambda beam: hyps[i * k + beam].tolist(),
+                         finished[i], next_beam[i], next_tok[i], next_scores[i])
     return next_beam, next_tok, next_scores
 
 

@@ -46,10 +46,7 @@ def cosine_lr(step: int, lr: float, min_lr: float, warmup_steps: int, decay_step
     Source: Loshchilov & Hutter 2017, "SGDR", equation (5) (one cycle, no restart), with the linear
         warm-up of Goyal et al. 2017; the schedule of GPT-3 and nanoGPT.
     """
-    if step < 1:
-        raise UserError(f"step must be >= 1 (optimiser steps count from 1), got {step}")
-    if warmup_steps < 0:
-        raise UserError(f"warmup_steps must be >= 0, got {warmup_steps}")
+    _check_step(step, warmup_steps)
     if decay_steps < 1:
         raise UserError(f"decay_steps must be >= 1, got {decay_steps}")
     if step <= warmup_steps:
@@ -59,6 +56,13 @@ def cosine_lr(step: int, lr: float, min_lr: float, warmup_steps: int, decay_step
     peak = max(warmup_steps, 1)
     progress = (step - peak) / (decay_steps - peak + 1)  # in [0, 1): 1 only at step decay_steps + 1
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (lr - min_lr)
+
+
+def _check_step(step: int, warmup_steps: int) -> None:
+    if step < 1:
+        raise UserError(f"step must be >= 1 (optimiser steps count from 1), got {step}")
+    if warmup_steps < 0:
+        raise UserError(f"warmup_steps must be >= 0, got {warmup_steps}")
 
 
 def budget_cosine_lr(step: int, fraction: float, lr: float, min_lr: float, warmup_steps: int) -> float:
@@ -76,12 +80,9 @@ def budget_cosine_lr(step: int, fraction: float, lr: float, min_lr: float, warmu
     Raises:
         ValueError: when step < 1, fraction < 0 or warmup_steps < 0.
     """
-    if step < 1:
-        raise ValueError(f"step must be >= 1 (optimiser steps count from 1), got {step}")
+    _check_step(step, warmup_steps)
     if fraction < 0:
-        raise ValueError(f"fraction must be >= 0, got {fraction}")
-    if warmup_steps < 0:
-        raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+        raise UserError(f"fraction must be >= 0, got {fraction}")
     warm = min(1.0, step / warmup_steps) if warmup_steps else 1.0
     return warm * (min_lr + 0.5 * (1.0 + math.cos(math.pi * min(fraction, 1.0))) * (lr - min_lr))
 
