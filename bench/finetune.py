@@ -31,6 +31,7 @@ from pathlib import Path
 
 from _common import ROOT, SHARED
 
+from attnlab.jsonfile import write_json_atomic
 from attnlab.recipes import get_recipe
 from attnlab.tasks.finetune_base import load_base
 from attnlab.tasks.instruction import translation_bleu
@@ -237,7 +238,7 @@ def main():
         path = Path(args.json)
         merged = json.loads(path.read_text()) if path.is_file() else {}
         merged[args.part] = record
-        path.write_text(json.dumps(merged, indent=1) + "\n")
+        write_json_atomic(path, merged)  # a kill mid-write leaves the old file, not a part
 
 
 if __name__ == "__main__":

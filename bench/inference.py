@@ -38,6 +38,7 @@ from _common import SHARED, host
 
 from attnlab.engines import engine_name
 from attnlab.generate import generate
+from attnlab.jsonfile import write_json_atomic
 from attnlab.load import load_causal_lm
 from attnlab.nn import cpu_tuning
 from attnlab.nn.quant_kernel import kernel
@@ -163,7 +164,7 @@ def main() -> None:
                                                   "vs_bench": round(rate / bench_rate, 3) if bench_rate else None}
         del model
         if args.out:  # after each precision: a run stopped part-way keeps what it measured
-            Path(args.out).write_text(json.dumps(result) + "\n")
+            write_json_atomic(args.out, result)
     print(json.dumps(result))
 
 

@@ -37,6 +37,7 @@ import _llama_server as peer
 import httpx
 from _common import SHARED, host
 
+from attnlab.jsonfile import write_json_atomic
 from attnlab.nn.quant_linear import DTYPES
 from attnlab.pretrained import resolve
 from attnlab.tokenizers.gguf import read_gguf_tokenizer
@@ -212,8 +213,7 @@ def main() -> None:
     line = json.dumps(result)
     print(line)
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(line + "\n")
+        write_json_atomic(args.out, result)
 
 
 if __name__ == "__main__":
