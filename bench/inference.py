@@ -30,7 +30,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import _llamacpp as peer
 import torch
