@@ -13,8 +13,9 @@ engine choose_engine picks, named in the JSON); llama.cpp runs at its defaults w
 (_llamacpp.probe_defaults, in a subprocess: the JSON says which).
 Batched: B prompts of lengths 64, 60, 56, ... decoded together, 64 tokens each (--batch-repeats
 runs, median): tokens/s = B · 63 / (last step − first step), and its ratio to B = 1.
---cli: also `attnlab generate --ignore-eos` at each precision, decode tok/s = (264 − 8) / (t(264) −
-t(8)) (best of 2), against this bench's median.
+--cli: also `attnlab generate --ignore-eos --stats` at each precision (the same prompt text and token
+count; the CLI's own decode timing, its streaming to stdout included; median of 3 processes), against
+this bench's median.
 Prints one JSON line with the host (lscpu model name, flags, threads, bandwidth, GFLOP/s) and the
 per-machine tuning (nn/cpu_tuning.py).
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -109,19 +111,20 @@ def batched(model, ids, new, batches, repeats) -> dict:
             for b, r in rates.items()}
 
 
-def cli_rate(dtype: str, threads: int) -> float:
-    """`attnlab generate` decode tok/s: (264 − 8) / (t(264) − t(8)), each the best of 2 wall times."""
-    def wall(n: int) -> float:
-        best = float("inf")
-        for _ in range(2):
-            t = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "attnlab", "generate", "--model", "smollm2-135m", "--dtype", dtype,
-                            "--prompt", "Once upon a time", "--ignore-eos", "--temperature", "0",
-                            "--max-new-tokens", str(n)], check=True, capture_output=True,
-                           env={**os.environ, "OMP_NUM_THREADS": str(threads)})
-            best = min(best, time.perf_counter() - t)
-        return best
-    return (264 - 8) / (wall(264) - wall(8))
+def cli_rate(dtype: str, threads: int, prompt: str, new: int, runs: int = 3) -> float:
+    """`attnlab generate --stats` decode tok/s (the CLI's own timing: streaming to stdout inside, loading
+    outside), median of `runs` processes, same prompt text and token count as the bench."""
+    rates = []
+    for _ in range(runs):
+        done = subprocess.run([sys.executable, "-m", "attnlab", "generate", "--model", "smollm2-135m", "--dtype", dtype,
+                               "--prompt", prompt, "--ignore-eos", "--temperature", "0", "--stats",
+                               "--max-new-tokens", str(new)], check=True, capture_output=True, text=True,
+                              env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+        found = re.search(r"decode: \d+ tokens in [\d.]+ ms, ([\d.]+) tok/s", done.stderr)
+        if found is None:
+            raise RuntimeError(f"attnlab generate --stats printed no decode rate: {done.stderr[-300:]!r}")
+        rates.append(float(found.group(1)))
+    return statistics.median(rates)
 
 
 def main() -> None:
@@ -157,7 +160,7 @@ def main() -> None:
             del llm
         result["batched"][name] = batched(model.model, ids, args.new_tokens, args.batches, args.batch_repeats)
         if args.cli:
-            rate = cli_rate(dtype, args.threads)
+            rate = cli_rate(dtype, args.threads, model.tokenizer.decode(ids), args.new_tokens)
             bench_rate = result["precisions"].get(name, {}).get("decode_tok_s", {}).get("ours", {}).get("median")
             result.setdefault("cli", {})[name] = {"decode_tok_s": round(rate, 1),
                                                   "vs_bench": round(rate / bench_rate, 3) if bench_rate else None}

@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 
@@ -145,3 +146,15 @@ def test_an_engine_that_does_not_run_the_model_exits_2_saying_why(lm_dir, capsys
     captured = capsys.readouterr()
     err = captured.err.strip().splitlines()
     assert captured.out == "" and len(err) == 1 and "fused-cpp" in err[0] and "absolute" in err[0]
+
+
+def test_generate_stats_prints_both_rates_on_stderr_and_keeps_stdout(lm_dir, capsys):
+    greedy = ["--max-new-tokens", "12", "--temperature", "0"]
+    plain = generate_out(capsys, lm_dir, "--prompt", "To", *greedy)
+    assert main(["generate", "--model", str(lm_dir), "--prompt", "To", *greedy, "--stats"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == plain
+    assert re.fullmatch(r"prefill: 2 tokens in [\d.]+ ms, [\d.]+ tok/s; decode: 11 tokens in [\d.]+ ms, [\d.]+ tok/s\n",
+                        captured.err)
+    assert main(["generate", "--model", str(lm_dir), "--prompt", "To", "--prompt", "Whether", *greedy, "--stats"]) == 0
+    assert "decode: 22 tokens" in capsys.readouterr().err

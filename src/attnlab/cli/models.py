@@ -11,6 +11,7 @@ import sys
 from attnlab.chat import Chat
 from attnlab.cli.args import (beam, check_text, nonnegative_float, positive_int, probability, seed, stdin_lines,
                               texts)
+from attnlab.cli.decode_stats import DecodeStats
 from attnlab.convert import convert
 from attnlab.embed import embed
 from attnlab.engines import ENGINES, engine_name
@@ -62,15 +63,28 @@ def cmd_generate(args) -> None:
     kwargs = dict(max_new_tokens=max_new, temperature=args.temperature, top_k=args.top_k,
                   top_p=args.top_p, seed=args.seed, use_cache=not args.no_cache,
                   stop_tokens=[] if args.ignore_eos else None, engine=args.engine)
+    stats = DecodeStats(sum(map(len, ids))) if args.stats else None
     if len(prompts) == 1:  # stream the text as it is generated
         stream = TextStream(tokenizer, _write)
         _write(prompts[0])
-        generate(model, ids, on_token=lambda row, token: stream.add(token), **kwargs)
+
+        def on_token(row, token):
+            stream.add(token)
+            if stats is not None:
+                stats.on_token(row, token)
+        if stats is not None:
+            stats.start()
+        generate(model, ids, on_token=on_token, **kwargs)
         stream.finish()
         _write("\n")
-        return
-    for prompt, new in zip(prompts, generate(model, ids, **kwargs)):
-        print(json.dumps({"prompt": prompt, "completion": tokenizer.decode(new)}), flush=True)
+    else:
+        if stats is not None:
+            stats.start()
+        outs = generate(model, ids, on_token=None if stats is None else stats.on_token, **kwargs)
+        for prompt, new in zip(prompts, outs):
+            print(json.dumps({"prompt": prompt, "completion": tokenizer.decode(new)}), flush=True)
+    if stats is not None:
+        print(stats.line(), file=sys.stderr, flush=True)
 
 
 def cmd_chat(args) -> None:
@@ -154,6 +168,8 @@ def add_model_parsers(sub) -> None:
     g.add_argument("--no-cache", action="store_true", help="recompute every position at each step (no KV cache)")
     g.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-text token: generate "
                    "exactly --max-new-tokens")
+    g.add_argument("--stats", action="store_true", help="print the prefill and decode tok/s of the run on stderr "
+                   "(timed in the process, loading left out, as llama.cpp's CLI prints them)")
     g.add_argument("--engine", choices=ENGINES, default="auto", help="decode engine: auto (the fused C++ step "
                    "where it runs the model, else the reference), fused-cpp, reference (the model's own forward)")
     dtype_arg(g)
