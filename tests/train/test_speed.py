@@ -100,3 +100,13 @@ def test_compiled_training_equals_eager(tmp_path):
     assert counters["stats"]["unique_graphs"] == graphs
     torch.testing.assert_close(out, eager_run.model(torch.zeros(3, 5, dtype=torch.long)).logits.detach(),
                                atol=1e-5, rtol=0)
+
+
+def test_a_step_outside_run_works_under_a_clock_schedule(tmp_path):
+    """Regression: bench/train_step.py steps a Trainer without run(); with a cosine-over-minutes
+    schedule the step reads the clock, which only run() used to start (AttributeError '_clock')."""
+    trainer = _trainer(tmp_path, "clock")
+    trainer.cfg = TrainConfig(lr_schedule="cosine", lr=3e-3, warmup_steps=1, minutes=10.0)
+    assert 0 <= trainer.elapsed() < 5
+    loss, _ = trainer._train_step([torch.arange(4)])
+    assert loss > 0

@@ -109,6 +109,7 @@ class Trainer:
         self.signals = StopSignals()
         self.state = TrainState()
         self._resumed = False
+        self._clock = time.perf_counter()  # run() restarts it; elapsed() holds for a step taken outside run()
 
     def log(self, record: dict) -> None:
         """Append `record` to metrics.jsonl (a resume cuts what came after its checkpoint); rank 0 only.
