@@ -69,7 +69,7 @@ def lr_curve(recipe_name: str, steps: int | None = None) -> LRCurve:
         settings = {"d_model": d_model, "warmup_steps": cfg.warmup_steps, "lr_factor": cfg.lr_factor}
     else:
         settings = {"lr": cfg.lr, "min_lr": cfg.min_lr, "warmup_steps": cfg.warmup_steps,
-                    "decay_steps": f"{cfg.minutes:g} min" if by_time else cfg.lr_decay_steps or cfg.max_steps}
+                    "decay_steps": f"{cfg.minutes:g} min" if decays_over_minutes(cfg) else cfg.lr_decay_steps or cfg.max_steps}
         if cfg.warmup_ratio:
             settings["warmup_ratio"] = cfg.warmup_ratio
     return LRCurve(recipe.name, cfg.lr_schedule, grid, lr, cfg.warmup_steps, settings)
