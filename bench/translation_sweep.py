@@ -12,6 +12,11 @@ line per candidate to --jsonl and prints it.
     python bench/translation_sweep.py --name noam-bt3000 [--set key=value ...] [--target-tokens 1.02e6]
         [--steps N] [--beam] [--averages] [--jsonl bench/results/translation_sweep.jsonl]
 
+--clock-steps N replays the recipe's wall-clock schedule (a cosine over the minutes budget, and a
+warmup_ratio of it) at a fixed N steps: the clock reads (steps done / N) of the budget, as at a
+steady step rate, so a budget's schedule is tuned at the steps that fit in it (e.g. 54 for 2 minutes
+on one thread) on a shared machine.
+
 --averages also scores (greedy, whole validation split) the trained weights and the average of the
 last k snapshots for k = 2 .. average_last, from the snapshots the run kept; --evaluate-only
 scores an existing run directory again instead of training it.
@@ -33,6 +38,7 @@ from attnlab.seeding import mix_seed
 from attnlab.tasks.registry import get_task
 from attnlab.tasks.translation import SPECIAL_TOKENS, TranslationDataConfig, corpus_bleu, translate
 from attnlab.train.end_of_run import average_snapshots
+from attnlab.train.loop import Trainer
 from attnlab.train.run_dir import snapshot_path, snapshot_steps
 from attnlab.tokenizers import ByteLevelBPE
 
@@ -65,21 +71,34 @@ def average_scores(out: Path) -> dict:
     return scores
 
 
+def replay_clock(steps: int) -> None:
+    """Make every Trainer's clock read (steps done / steps) of its minutes budget: the wall-clock
+    schedule of a run at a steady step rate, which stops after `steps` steps (a bench-only stand-in
+    for the real clock, so that the run does not depend on the machine's speed)."""
+    Trainer.elapsed = lambda self: self.state.step / steps * self.cfg.minutes * 60
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--name", required=True, help="the candidate's name (its run directory under --runs)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--target-tokens", type=float, default=1.02e6)
     ap.add_argument("--steps", type=int, help="a step budget instead of --target-tokens")
+    ap.add_argument("--clock-steps", type=int, help="the recipe's clock schedule replayed over this many steps")
     ap.add_argument("--beam", action="store_true", help="also validation BLEU with beam 4")
     ap.add_argument("--averages", action="store_true", help="also the averages of the last k snapshots")
     ap.add_argument("--evaluate-only", action="store_true", help="score the existing run directory")
     ap.add_argument("--runs", default="runs/sweep")
     ap.add_argument("--jsonl", default="bench/results/translation_sweep.jsonl")
     args = ap.parse_args()
-    recipe = get_recipe("multi30k-en-de").with_overrides(args.set + ["minutes=none"])
-    steps, per_step = (args.steps, None) if args.steps else steps_for_tokens(recipe, args.target_tokens)
-    recipe = recipe.with_overrides([f"max_steps={steps}"])
+    recipe = get_recipe("multi30k-en-de").with_overrides(args.set)
+    if args.clock_steps:
+        steps, per_step = args.clock_steps, None
+        replay_clock(steps)
+    else:
+        recipe = recipe.with_overrides(["minutes=none"])
+        steps, per_step = (args.steps, None) if args.steps else steps_for_tokens(recipe, args.target_tokens)
+        recipe = recipe.with_overrides([f"max_steps={steps}"])
     out = Path(args.runs) / args.name
     task = get_task("seq2seq")
     t0 = time.perf_counter()
@@ -91,12 +110,15 @@ def main() -> None:
     val = task.evaluate(out, "val", beam=1)
     result = {
         "bench": "translation_sweep", "name": args.name, "overrides": args.set, "steps": summary["steps"],
+        "schedule": f"clock replayed over {steps} steps" if args.clock_steps else "steps",
         "val_loss": evals[-1 - bool(averaged)]["val_loss"],  # of the trained (not averaged) weights
         "val_bleu_greedy_full": val["bleu"], "kept": "average" if summary["best_step"] == summary["steps"]
         and averaged and averaged[-1]["val_bleu"] == summary["best"] else f"step {summary['best_step']}",
         "val_bleu_curve": [[r["step"], r["val_bleu"]] for r in evals if "averaged" not in r],
         "val_bleu_averaged": averaged[-1]["val_bleu"] if averaged else None,
-        "time_s": summary["time_s"], "wall_s": round(wall, 1), "threads": torch.get_num_threads(),
+        "time_s": {k: v for k, v in summary["time_s"].items() if not (args.clock_steps and k == "train_steps")},
+        "wall_s": round(wall, 1), "threads": torch.get_num_threads(),  # (--clock-steps: no train_steps seconds,
+        # the loop's count is the replayed clock's)
         "host": lscpu().get("model_name", "unknown"),
     }
     state = json.loads((out / "checkpoint" / "state.json").read_text())

@@ -22,6 +22,9 @@ class TrainConfig(Config):
                                       # None = max_steps; with neither, the decay follows the time spent
                                       # and reaches min_lr as the minutes budget runs out)
     warmup_steps: int = 4000          # linear warm-up steps (paper: 4000)
+    warmup_ratio: float = 0.0         # cosine, constant (noam ignores it): warm up over this fraction of the run when
+                                      # that is shorter than warmup_steps (of its steps with a step horizon,
+                                      # of the minutes budget without one); 0 = warmup_steps only
     grad_accum_steps: int = 1         # micro-batches whose gradients add up to one optimizer step
     beta1: float = 0.9                # Adam β1 (paper §5.3)
     beta2: float = 0.98               # Adam β2
@@ -57,6 +60,7 @@ class TrainConfig(Config):
             check(getattr(self, name) > 0, name, "> 0", getattr(self, name))
         check(self.weight_decay >= 0, "weight_decay", ">= 0", self.weight_decay)
         check(0 <= self.min_lr <= self.lr, "min_lr", f"in [0, lr={self.lr}]", self.min_lr)
+        check(0.0 <= self.warmup_ratio < 1.0, "warmup_ratio", "in [0, 1)", self.warmup_ratio)
         check(self.grad_accum_steps >= 1, "grad_accum_steps", ">= 1", self.grad_accum_steps)
         check(self.lr_decay_steps is None or self.lr_decay_steps > self.warmup_steps, "lr_decay_steps",
                f"None or > warmup_steps={self.warmup_steps}", self.lr_decay_steps)

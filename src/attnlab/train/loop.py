@@ -37,7 +37,8 @@ from attnlab.train.checkpoint import load_training_state, save_training_state, s
 from attnlab.train.config import TrainConfig
 from attnlab.train.end_of_run import finish
 from attnlab.train.guards import StopSignals, TrainingInterrupted, check_finite_weights
-from attnlab.train.optim import budget_cosine_lr, build_optimizer, cosine_lr, noam_lr, set_lr
+from attnlab.train.optim import (budget_cosine_lr, budget_warmup, build_optimizer, cosine_lr, noam_lr, set_lr,
+                                 warmup_steps_for)
 from attnlab.train.parallel import OneProcess
 from attnlab.train.run_dir import CHECKPOINT_DIR, align_with_checkpoint, take_snapshot, weights_path
 from attnlab.train.objective import Objective
@@ -54,27 +55,41 @@ def decays_over_minutes(cfg: TrainConfig) -> bool:
         and cfg.minutes is not None
 
 
+def warms_up_over_minutes(cfg: TrainConfig) -> bool:
+    """Whether cfg's warm-up follows the time spent too: a warmup_ratio, no step horizon and a
+    minutes budget (the cosine over minutes, or the constant schedule)."""
+    return cfg.warmup_ratio > 0 and cfg.lr_schedule != "noam" and cfg.lr_decay_steps is None \
+        and cfg.max_steps is None and cfg.minutes is not None
+
+
 def learning_rate(cfg: TrainConfig, step: int, d_model: int, budget_fraction: float | None = None) -> float:
     """The learning rate of (1-based) `step` under cfg's schedule; budget_fraction is the part of
     the minutes budget spent, which a cosine schedule with no step horizon decays over
-    (decays_over_minutes; optim.budget_cosine_lr).
+    (decays_over_minutes; optim.budget_cosine_lr). A warmup_ratio shortens the warm-up to that
+    fraction of the run when it is shorter than warmup_steps: of its steps with a step horizon
+    (optim.warmup_steps_for), of the minutes budget without one (optim.budget_warmup).
 
     Raises:
         UserError: for a cosine schedule with no horizon (lr_decay_steps, max_steps, minutes).
-        ValueError: for one that decays over minutes when budget_fraction is not given.
+        ValueError: for one that follows the minutes when budget_fraction is not given.
     """
     if cfg.lr_schedule == "noam":
         return noam_lr(step, d_model, cfg.warmup_steps, cfg.lr_factor)
+    horizon = cfg.lr_decay_steps or cfg.max_steps
+    warmup = warmup_steps_for(cfg.warmup_steps, cfg.warmup_ratio, horizon) if horizon else cfg.warmup_steps
     if cfg.lr_schedule == "cosine":
-        decay_steps = cfg.lr_decay_steps or cfg.max_steps
-        if decay_steps is not None:
-            return cosine_lr(step, cfg.lr, cfg.min_lr, cfg.warmup_steps, decay_steps)
+        if horizon is not None:
+            return cosine_lr(step, cfg.lr, cfg.min_lr, warmup, horizon)
         if cfg.minutes is None:
             raise UserError("lr_schedule 'cosine' needs lr_decay_steps or a budget (max_steps or minutes)")
         if budget_fraction is None:
             raise ValueError("lr_schedule 'cosine' over a minutes budget needs the fraction of it spent")
-        return budget_cosine_lr(step, budget_fraction, cfg.lr, cfg.min_lr, cfg.warmup_steps)
-    return cfg.lr * min(1.0, step / cfg.warmup_steps)
+        return budget_cosine_lr(step, budget_fraction, cfg.lr, cfg.min_lr, warmup, cfg.warmup_ratio)
+    if warms_up_over_minutes(cfg):
+        if budget_fraction is None:
+            raise ValueError("a warmup_ratio over a minutes budget needs the fraction of it spent")
+        return cfg.lr * budget_warmup(step, budget_fraction, warmup, cfg.warmup_ratio)
+    return cfg.lr * min(1.0, step / warmup)
 
 
 def optimizer_factory(cfg: TrainConfig):
@@ -225,7 +240,7 @@ class Trainer:
         s, cfg, strategy = self.state, self.cfg, self.strategy
         optimizer, module = strategy.step_optimizer, strategy.train_module
         fraction = None
-        if decays_over_minutes(cfg):  # the same for every process: rank 0's clock
+        if decays_over_minutes(cfg) or warms_up_over_minutes(cfg):  # the same for every process: rank 0's clock
             fraction = distributed.from_main(self.elapsed() / (cfg.minutes * 60))
         lr = learning_rate(cfg, s.step + 1, self.d_model, fraction)
         set_lr(optimizer, lr)

@@ -65,10 +65,57 @@ def _check_step(step: int, warmup_steps: int) -> None:
         raise UserError(f"warmup_steps must be >= 0, got {warmup_steps}")
 
 
-def budget_cosine_lr(step: int, fraction: float, lr: float, min_lr: float, warmup_steps: int) -> float:
-    """A cosine decay over the fraction of a time budget spent, with a linear warm-up over steps:
+def warmup_steps_for(warmup_steps: int, warmup_ratio: float, total_steps: int) -> int:
+    """The warm-up of a run of total_steps steps: warmup_steps, or the fraction warmup_ratio of the
+    run (rounded up, at least 1 step) when that is shorter; warmup_ratio 0 keeps warmup_steps.
 
-        lr(n, f) = min(1, n / W) · (min_lr + ½ · (1 + cos(π · min(f, 1))) · (lr − min_lr))
+        W_eff = min(W, max(1, ⌈r · D⌉))   (r > 0),   W_eff = W   (r = 0)
+
+    So a recipe's warm-up, tuned for its full budget, shrinks with a shorter one instead of filling
+    it (Hugging Face's warmup_ratio, here capped at warmup_steps rather than replaced by them).
+
+    Raises:
+        ValueError: when warmup_ratio is outside [0, 1) or total_steps < 1.
+    """
+    _check_ratio(warmup_ratio)
+    if total_steps < 1:
+        raise UserError(f"total_steps must be >= 1, got {total_steps}")
+    return min(warmup_steps, max(1, math.ceil(warmup_ratio * total_steps))) if warmup_ratio else warmup_steps
+
+
+def budget_warmup(step: int, fraction: float, warmup_steps: int, warmup_ratio: float = 0.0) -> float:
+    """The linear warm-up factor of step n when f of a time budget is spent: whichever of the two
+    warm-ups ends first, warmup_steps steps or the fraction warmup_ratio of the budget,
+
+        w(n, f) = min(1, max(n / W, f / r))   (r > 0),   w(n, f) = min(1, n / W)   (r = 0)
+
+    (1 without warm-up, W = 0). The clock form of warmup_steps_for: at a steady step rate the two agree.
+
+    Raises:
+        ValueError: when step < 1, fraction < 0, warmup_steps < 0 or warmup_ratio is outside [0, 1).
+    """
+    _check_step(step, warmup_steps)
+    _check_ratio(warmup_ratio)
+    if fraction < 0:
+        raise UserError(f"fraction must be >= 0, got {fraction}")
+    if not warmup_steps:
+        return 1.0
+    by_time = fraction / warmup_ratio if warmup_ratio else 0.0
+    return min(1.0, max(step / warmup_steps, by_time))
+
+
+def _check_ratio(warmup_ratio: float) -> None:
+    if not 0.0 <= warmup_ratio < 1.0:
+        raise UserError(f"warmup_ratio must be in [0, 1), got {warmup_ratio}")
+
+
+def budget_cosine_lr(step: int, fraction: float, lr: float, min_lr: float, warmup_steps: int,
+                     warmup_ratio: float = 0.0) -> float:
+    """A cosine decay over the fraction of a time budget spent, with a linear warm-up
+    (budget_warmup: over warmup_steps steps, or the fraction warmup_ratio of the budget when that
+    comes first):
+
+        lr(n, f) = w(n, f) · (min_lr + ½ · (1 + cos(π · min(f, 1))) · (lr − min_lr))
 
     so the learning rate reaches min_lr when the budget runs out, whatever the number of steps that
     fit in it (a wall-clock budget: the Budgeted Training schedules of Li et al. 2020, §4, and the
@@ -77,13 +124,11 @@ def budget_cosine_lr(step: int, fraction: float, lr: float, min_lr: float, warmu
     Args:
         step: the 1-based optimiser step n. fraction: f >= 0, the part of the budget spent before
             this step. lr: the peak. min_lr: the floor. warmup_steps: W >= 0.
+            warmup_ratio: r in [0, 1), 0 = warm-up over steps only.
     Raises:
-        ValueError: when step < 1, fraction < 0 or warmup_steps < 0.
+        ValueError: when step < 1, fraction < 0, warmup_steps < 0 or warmup_ratio is outside [0, 1).
     """
-    _check_step(step, warmup_steps)
-    if fraction < 0:
-        raise UserError(f"fraction must be >= 0, got {fraction}")
-    warm = min(1.0, step / warmup_steps) if warmup_steps else 1.0
+    warm = budget_warmup(step, fraction, warmup_steps, warmup_ratio)
     return warm * (min_lr + 0.5 * (1.0 + math.cos(math.pi * min(fraction, 1.0))) * (lr - min_lr))
 
 

@@ -14,7 +14,7 @@ import torch
 
 from attnlab.errors import UserError
 from attnlab.train.losses import label_smoothed_cross_entropy
-from attnlab.train.loop import decays_over_minutes, learning_rate
+from attnlab.train.loop import decays_over_minutes, learning_rate, warms_up_over_minutes
 from attnlab.viz.figure import finish, new_figure
 from attnlab.viz.sources import get_recipe
 
@@ -63,13 +63,15 @@ def lr_curve(recipe_name: str, steps: int | None = None) -> LRCurve:
     total = steps or cfg.max_steps or cfg.lr_decay_steps or 8 * cfg.warmup_steps
     d_model = recipe.model.d_model
     grid = np.arange(1, total + 1)
-    by_time = decays_over_minutes(cfg)
+    by_time = decays_over_minutes(cfg) or warms_up_over_minutes(cfg)
     lr = np.array([learning_rate(cfg, int(s), d_model, (s - 1) / total if by_time else None) for s in grid])
     if cfg.lr_schedule == "noam":
         settings = {"d_model": d_model, "warmup_steps": cfg.warmup_steps, "lr_factor": cfg.lr_factor}
     else:
         settings = {"lr": cfg.lr, "min_lr": cfg.min_lr, "warmup_steps": cfg.warmup_steps,
-                    "decay_steps": f"{cfg.minutes:g} min" if by_time else cfg.lr_decay_steps or cfg.max_steps}
+                    "decay_steps": f"{cfg.minutes:g} min" if decays_over_minutes(cfg) else cfg.lr_decay_steps or cfg.max_steps}
+        if cfg.warmup_ratio:
+            settings["warmup_ratio"] = cfg.warmup_ratio
     return LRCurve(recipe.name, cfg.lr_schedule, grid, lr, cfg.warmup_steps, settings)
 
 
