@@ -11,6 +11,9 @@ optimizer, the finiteness guard) on the recipe's model, data and batches:
     compile        torch.compile of the model (inductor), fused AdamW
     compile_bf16   both
 
+    nanogpt        (with --nanogpt, shakespeare-char only) the reference peer: nanoGPT's own model.py
+                   and the body of its train.py loop (bench/_nanogpt_step.py), in the same rotation
+
 Each candidate starts from the same initial weights; its first steps (which include compiling)
 are timed apart, then the candidates take turns, `--steps` steps each per round for `--rounds`
 rounds (the order rotates), so a drift of the machine's speed touches them alike. Prints one JSON
@@ -19,10 +22,13 @@ the first steps' extra seconds (compile time: inductor's cache starts empty unle
 --warm-compile-cache), the steps after which compiling has paid for itself (against the same
 settings eager) and the steps each fits in 10 minutes, the loss after the timed steps; and the host
 (lscpu, threads, measured fp32 matmul GFLOP/s and bandwidth, a bf16 against fp32 GEMM probe at
-the step's shapes and square ones, attention forward + backward in both).
+the step's shapes and square ones, attention forward + backward in both). With --nanogpt each
+candidate's rate is also given as a ratio of nanoGPT's. --profile N profiles N more steps of each
+(torch.profiler): operator calls per step, autograd nodes of one forward, and the operators with
+the most self CPU time (ms per step), to say where a step's time goes.
 
     python bench/train_step.py [--recipes shakespeare-char ...] [--candidates fp32 bf16 ...]
-                               [--steps 4] [--rounds 6] [--threads 2]
+                               [--steps 4] [--rounds 6] [--threads 2] [--nanogpt] [--profile 10]
 """
 from __future__ import annotations
 
@@ -37,11 +43,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from _common import host
+from _nanogpt_step import NanoGPTStep
 
 from attnlab.recipes import get_recipe
 from attnlab.tasks.base import RunSpec
 from attnlab.tasks.registry import task_of_recipe
 from attnlab.train.loop import Trainer
+from attnlab.train.speed import autocast_context
 
 BASE = {"compile": "fused", "compile_bf16": "bf16"}  # what compiling is weighed against (the same, eager)
 CANDIDATES = {
@@ -55,6 +63,7 @@ CANDIDATES = {
 DEFAULT_RECIPES = ["shakespeare-char", "shakespeare-char-llama", "shakespeare-char-mamba", "multi30k-en-de",
                    "digits-vit", "bert-mlm"]
 WARMUP = 3  # first steps timed apart (the compile happens in the first one)
+NANOGPT_RECIPES = ("shakespeare-char",)  # nanoGPT's baby GPT is this recipe's model and batches
 
 
 def best_ms(fn, repeats: int = 10) -> float:
@@ -92,8 +101,9 @@ def attention_probe(batch: int, heads: int, length: int, head_dim: int) -> dict:
     return {"shape": [batch, heads, length, head_dim], "ms_forward_backward": out}
 
 
-def trainers(name: str, candidates: list[str], root: Path) -> tuple[dict, list]:
-    """One Trainer per candidate on recipe `name` (same data, same initial weights), and the batches."""
+def trainers(name: str, candidates: list[str], root: Path) -> tuple[dict, list, object]:
+    """One Trainer per candidate on recipe `name` (same data, same initial weights), the batches and
+    the prepared run (tasks.base.Prepared)."""
     recipe = get_recipe(name)
     task = task_of_recipe(recipe)
     spec = RunSpec(root / "prepare", False, recipe.name, recipe.model, recipe.data, recipe.train, None)
@@ -109,38 +119,89 @@ def trainers(name: str, candidates: list[str], root: Path) -> tuple[dict, list]:
         out[c] = Trainer(model, prepared.objective, cfg, root / c, d_model)
     group = recipe.train.grad_accum_steps
     batches = prepared.objective.batches(0)
-    return out, [batches[i:i + group] for i in range(0, group * (WARMUP + 32), group)]
+    return out, [batches[i:i + group] for i in range(0, group * (WARMUP + 32), group)], prepared
 
 
-def bench_recipe(name: str, candidates: list[str], steps: int, rounds: int) -> dict:
+def autograd_nodes(loss: torch.Tensor) -> int:
+    """The nodes of the backward graph behind `loss`."""
+    seen, stack = set(), [loss.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is not None and node not in seen:
+            seen.add(node)
+            stack.extend(f for f, _ in node.next_functions)
+    return len(seen)
+
+
+def profile_steps(step, n: int, top: int = 15) -> dict:
+    """torch.profiler over `n` calls of step(): operator calls per step and the `top` operators by
+    self CPU time (ms per step, calls per step)."""
+    from torch.profiler import ProfilerActivity, profile  # heavy, and only for --profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(n):
+            step()
+    ops = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
+    return {"events_per_step": round(sum(e.count for e in ops) / n),
+            "self_cpu_ms_per_step": round(sum(e.self_cpu_time_total for e in ops) / n / 1e3, 2),
+            "top_self_cpu": [{"op": e.key[:80], "ms_per_step": round(e.self_cpu_time_total / n / 1e3, 3),
+                              "calls_per_step": round(e.count / n, 1)} for e in ops[:top]]}
+
+
+def forward_nodes(trainer: Trainer, window: list) -> int:
+    """Autograd nodes of one forward of `trainer`'s loss (no backward: the graph is dropped)."""
+    with autocast_context(trainer.cfg.autocast):
+        loss, _ = trainer.strategy.loss(window[0])
+    return autograd_nodes(loss)
+
+
+def bench_recipe(name: str, candidates: list[str], steps: int, rounds: int, nanogpt: bool = False,
+                 profile: int = 0) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        runs, windows = trainers(name, candidates, Path(tmp))
-        first, times, losses, counts = {}, {c: [] for c in candidates}, {}, {}
-        for c, trainer in runs.items():
+        runs, windows, prepared = trainers(name, candidates, Path(tmp))
+        step = {c: (lambda w, t=t: t._train_step(w)) for c, t in runs.items()}
+        names = list(candidates)
+        if nanogpt and name in NANOGPT_RECIPES:
+            peer = NanoGPTStep(prepared.objective.train.ids, prepared.model_cfg.vocab_size, Path(tmp))
+            step["nanogpt"] = lambda w: peer()
+            names.append("nanogpt")
+        first, times, losses, counts = {}, {c: [] for c in names}, {}, {}
+        for c in names:
             start = time.perf_counter()
             for w in windows[:WARMUP]:
-                trainer._train_step(w)
+                step[c](w)
             first[c] = time.perf_counter() - start
         for r in range(rounds):
-            order = candidates[r % len(candidates):] + candidates[:r % len(candidates)]
+            order = names[r % len(names):] + names[:r % len(names)]
             for c in order:
                 for i in range(steps):
                     w = windows[WARMUP + (r * steps + i) % (len(windows) - WARMUP)]
                     start = time.perf_counter()
-                    losses[c], counts[c] = runs[c]._train_step(w)
+                    losses[c], counts[c] = step[c](w)
                     times[c].append(time.perf_counter() - start)
+        profiles = {}
+        for c in names if profile else []:
+            w = windows[WARMUP]
+            profiles[c] = profile_steps(lambda: step[c](w), profile)
+            profiles[c]["autograd_nodes_forward"] = (forward_nodes(runs[c], w) if c in runs else
+                                                     autograd_nodes(peer.model(peer.x, peer.y)[1]))
     ms = {c: statistics.median(t) * 1e3 for c, t in times.items()}
     ref = ms.get("fp32", ms[candidates[0]])
     rows = {}
-    for c in candidates:
+    for c in names:
         extra = max(0.0, first[c] - WARMUP * ms[c] / 1e3)  # what the first steps cost beyond ordinary steps
         rows[c] = {"ms_per_step": round(ms[c], 2), "speedup_vs_fp32": round(ref / ms[c], 3),
                    "first_steps_extra_s": round(extra, 1), "steps_in_10_min": int((600 - extra) / (ms[c] / 1e3)),
                    "loss_after_timed_steps": round(losses[c], 4), "units_per_step": counts[c]}
+        if "nanogpt" in ms:
+            rows[c]["ratio_tokens_per_s_vs_nanogpt"] = round(ms["nanogpt"] / ms[c], 3)
         base = BASE.get(c)
         if base in ms:  # compiling pays for itself after this many steps, against the same settings eager
             gain = (ms[base] - ms[c]) / 1e3
             rows[c]["compile_pays_off_after_steps"] = int(extra / gain) if gain > 0 else None
+        if c in profiles:
+            rows[c]["profile"] = profiles[c]
+    if "nanogpt" in rows:
+        rows["nanogpt"]["reference"] = "nanoGPT's model.py and train.py loop body (its init and optimizer)"
     return rows
 
 
@@ -152,6 +213,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--no-probes", action="store_true", help="skip the GEMM and attention probes")
+    ap.add_argument("--nanogpt", action="store_true",
+                    help="also time nanoGPT's own step (shakespeare-char) in the same rotation, and give ratios")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="profile N more steps of each candidate (operator counts, top self CPU time)")
     ap.add_argument("--warm-compile-cache", action="store_true",
                     help="keep inductor's compiled-kernel cache (default: a fresh one, the compile time of a first run)")
     args = ap.parse_args()
@@ -164,7 +229,8 @@ def main() -> None:
     if not args.no_probes:
         record["gemm_gflops"] = gemm_probe(768, 128, 512)
         record["attention"] = attention_probe(12, 4, 64, 32)
-    record["results"] = {name: bench_recipe(name, args.candidates, args.steps, args.rounds) for name in args.recipes}
+    record["results"] = {name: bench_recipe(name, args.candidates, args.steps, args.rounds, args.nanogpt, args.profile)
+                         for name in args.recipes}
     print(json.dumps(record))
 
 

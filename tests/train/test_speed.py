@@ -6,6 +6,8 @@ import torch.nn.functional as F
 
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.nn.attention import scaled_dot_product_attention
+from attnlab.recipes import get_recipe
+from attnlab.recipes.shakespeare_char import native_bf16
 from attnlab.train.config import TrainConfig
 from attnlab.train.loop import Trainer
 from attnlab.train.optim import build_optimizer
@@ -110,3 +112,29 @@ def test_a_step_outside_run_works_under_a_clock_schedule(tmp_path):
     assert 0 <= trainer.elapsed() < 5
     loss, _ = trainer._train_step([torch.arange(4)])
     assert loss > 0
+
+
+def test_shakespeare_char_steps_in_bf16_only_on_cpus_with_native_bf16():
+    """The recipe's bf16 step is chosen by the CPU's flags, and recorded in the run's config:
+    elsewhere it stays the fp32 reference."""
+    flags = {"avx512_vnni": True, "avx512_bf16": False, "amx": False}
+    assert not native_bf16({"flags": flags})
+    assert native_bf16({"flags": {**flags, "avx512_bf16": True}})
+    assert native_bf16({"flags": {**flags, "amx": True}})
+    train = get_recipe("shakespeare-char").train
+    assert train.autocast == ("bf16" if native_bf16() else "none")
+    assert train.optimizer_impl == "fused"  # TrainConfig's default
+    assert get_recipe("shakespeare-char-llama").train.autocast == "none"  # measured in fp32 only
+    assert get_recipe("shakespeare-char").with_overrides(["autocast=none"]).train.autocast == "none"
+
+
+def test_evaluation_runs_fp32_under_a_bf16_step(tmp_path):
+    """A bf16-autocast run validates in fp32: its records and its choice of the best weights are the
+    numbers `attnlab evaluate` gives (fp32) for the saved weights."""
+    trainer = _trainer(tmp_path, "bf16", autocast="bf16")
+    _losses(trainer, 3)
+    trainer.out.mkdir(parents=True)
+    record = trainer._evaluate()
+    assert record["val_loss"] == trainer.objective.evaluate(trainer.model)["val_loss"]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert trainer.objective.evaluate(trainer.model)["val_loss"] != record["val_loss"]

@@ -187,15 +187,17 @@ class Trainer:
 
     def _evaluate(self, **extra) -> dict:
         """Validate, log the record (with `extra` fields and "eval_s", the seconds it took) and keep
-        the weights if they are the best. Rank 0 evaluates the plain model once and writes; the
-        others receive its numbers. The seconds add up in state.spent_s ("average" for the
+        the weights if they are the best. It runs in fp32 and eager whatever the training step's
+        autocast and compile (train/speed.py): the best weights are chosen on, and the records
+        report, the numbers `attnlab evaluate` gives for the saved weights. Rank 0 evaluates the
+        plain model once and writes; the others receive its numbers. The seconds add up in state.spent_s ("average" for the
         averaged weights' evaluation, else "evaluate")."""
         t0 = time.perf_counter()
         self.strategy.gather()
         metrics = None
         if self.main:
             self.model.eval()
-            with torch.no_grad(), autocast_context(self.cfg.autocast), eager():
+            with torch.no_grad(), eager():  # fp32 eager, whatever the step runs in: `attnlab evaluate`'s numbers
                 metrics = self.objective.evaluate(self.model)
             self.model.train()
         metrics = distributed.from_main(metrics)

@@ -136,7 +136,7 @@ OPTIMIZER_IMPLS = ("for-loop", "foreach", "fused")
 
 
 def build_optimizer(model: nn.Module, lr: float, betas: tuple[float, float], eps: float,
-                    weight_decay: float = 0.0, impl: str = "foreach") -> torch.optim.Optimizer:
+                    weight_decay: float = 0.0, impl: str = "fused") -> torch.optim.Optimizer:
     """Adam (weight_decay 0, the paper's) or AdamW in two groups: decay on every matrix (linear
     weights and embeddings), none on biases, norm gains and parameters marked `_no_weight_decay`
     (Mamba's A_log and D, as its reference code) (Loshchilov & Hutter 2019; the grouping of

@@ -7,12 +7,14 @@ applies them through this module, so a family's objective never sees them:
                       convolutions in bf16 (AVX512-BF16 / AMX on CPUs that have them), accumulated in
                       fp32; the weights, their gradients and the optimizer stay fp32. Attention
                       (nn/attention.py) and the losses (objectives take .float() logits) stay fp32.
+                      Evaluations run in fp32 (the loop's _evaluate): the run reports and keeps the
+                      best weights by the numbers `attnlab evaluate` gives.
     compile           nn.Module.compile(): the model's forward (and so its backward) goes through
                       torch.compile (TorchDynamo + inductor, C++/OpenMP kernels on the CPU), in place,
                       so weights, state dicts and checkpoints are those of the plain model. The first
                       steps pay the compile time (tens of seconds; bench/train_step.py measures it);
                       evaluations run eager (`eager()`), so their other shapes never recompile.
-    optimizer_impl    for-loop | foreach | fused Adam/AdamW (train/optim.py).
+    optimizer_impl    for-loop | foreach | fused (the default) Adam/AdamW (train/optim.py).
 
 fp32 eager is the reference: bench/train_step.py measures each choice against it on the same
 batches, and a recipe makes a choice its default only where it reaches the same quality at equal
