@@ -161,7 +161,12 @@ def part_memory(args) -> dict:
               for suffix in ("", "_checkpointing") for name in ("lora_fp32", "qlora_q4_1")}
     return {"steps": args.steps, "batch_tokens": args.batch_tokens, **out, **ratios,
             "note": "peak resident memory of the training steps, after loading (VmHWM reset after malloc_trim); "
-                    "a process with torch imported holds ~250 MB before any model"}
+                    "a process with torch imported holds ~250 MB before any model",
+            "like_for_like": "every variant runs the loop's own step (Trainer._train_step) on the same batches with "
+                             "the same loss implementation (InstructionObjective.loss: the output projection and "
+                             "cross-entropy in chunks of positions, nn/linear_cross_entropy.py), shared prompt "
+                             "prefix, Adam (foreach); a *_checkpointing variant and its full_checkpointing "
+                             "denominator both checkpoint every layer, the others neither"}
 
 
 def part_zero_shot(args) -> dict:

@@ -3,7 +3,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnlab.nn.mlp import FeedForward, SwiGLU, make_ffn
+from attnlab.nn.mlp import FeedForward, SwiGLU, gated_silu, make_ffn
 from attnlab.nn.moe import MixtureOfExperts, load_balancing_loss
 from attnlab.nn.norm import RMSNorm, make_norm
 
@@ -217,3 +217,19 @@ def test_load_balancing_loss_with_padding_equals_hugging_face_mixtral(k):
     probs = logits.softmax(-1)
     ours = load_balancing_loss(probs, probs.topk(k, dim=-1).indices, 4, mask.reshape(-1).bool())
     torch.testing.assert_close(ours, expected, atol=1e-6, rtol=0)
+
+
+def test_gated_silu_gradients_equal_autograds_and_it_keeps_only_its_inputs():
+    gate = torch.randn(3, 7, 16, dtype=torch.float64, requires_grad=True)
+    up = torch.randn(3, 7, 16, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(gated_silu, (gate, up))
+    g32, u32 = gate.detach().float().requires_grad_(), up.detach().float().requires_grad_()
+    weights = torch.linspace(-1, 1, g32.numel()).view_as(g32)
+    (gated_silu(g32, u32) * weights).sum().backward()
+    g_ref, u_ref = gate.detach().float().requires_grad_(), up.detach().float().requires_grad_()
+    (torch.nn.functional.silu(g_ref) * u_ref * weights).sum().backward()
+    assert torch.equal(g32.grad, g_ref.grad) and torch.equal(u32.grad, u_ref.grad)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        gated_silu(g32, u32)
+    assert len(saved) == 2 and saved[0] is g32 and saved[1] is u32  # no SiLU(gate) kept

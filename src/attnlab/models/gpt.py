@@ -167,9 +167,10 @@ def _decoder_block(cfg: GPTConfig) -> TransformerLayer:
 
 @dataclass
 class GPTOutput:
-    logits: torch.Tensor                          # (B, T, V)
+    logits: torch.Tensor | None                   # (B, T, V); None with return_hidden
     aux_loss: torch.Tensor                        # () mean MoE load-balancing loss over layers (0 if dense)
     attentions: list[torch.Tensor] | None = None  # per layer (B, H, T, S), with need_weights
+    hidden: torch.Tensor | None = None            # the final norm's output (logits None), with return_hidden
 
 
 class GPT(Model):
@@ -283,7 +284,7 @@ _decoder_block(cfg) for _ in range(cfg.n_layers))
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, need_weights: bool = False,
-                logits_to_keep: int | torch.Tensor = 0) -> GPTOutput:
+                logits_to_keep: int | torch.Tensor = 0, return_hidden: bool = False) -> GPTOutput:
         """Args:
             input_ids: (B, T) int64 new tokens.
             attention_mask: (B, S) bool/int over every position so far (cached and new), 1 = real
@@ -295,6 +296,8 @@ _decoder_block(cfg) for _ in range(cfg.n_layers))
                 the last one; the output projection is the largest matrix); 0 = all T. Or a (B, T)
                 bool tensor: the logits of the positions marked True only (training on some
                 positions: a fine-tune's response tokens).
+            return_hidden: return the final norm's output of the kept positions as `hidden` and
+                no logits (a loss that applies the output projection itself: nn/linear_cross_entropy.py).
         Returns:
             GPTOutput(logits (B, T, V), or (B, N, V) with logits_to_keep N, or (N, V) for the N
             marked positions (row-major order) with a bool logits_to_keep, in the parameters'
@@ -339,4 +342,6 @@ _decoder_block(cfg) for _ in range(cfg.n_layers))
             x = x[logits_to_keep]  # (N, D)
         elif logits_to_keep:
             x = x[:, -logits_to_keep:]
+        if return_hidden:
+            return GPTOutput(None, aux / len(self.layers), attentions, self.norm(x))
         return GPTOutput(self.lm_head(self.norm(x)), aux / len(self.layers), attentions)

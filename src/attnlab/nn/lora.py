@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.errors import UserError
+from attnlab.nn import lora_product
 from attnlab.nn.linear import Linear
 from attnlab.nn.quant import dequantize
 from attnlab.nn.quant_linear import QuantLinear
@@ -103,7 +104,12 @@ class LoRALinear(nn.Module):
         return self.lora_B(self.lora_A(self.lora_dropout(x.to(a.dtype)))) * self.scaling
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """(..., I) -> (..., O): base_layer(x) + update(x)."""
+        """(..., I) -> (..., O): base_layer(x) + update(x). In training (gradients on) one autograd
+        function computes both, saving only the adapters' inputs (nn/lora_product.py)."""
+        a = self.lora_A.weight
+        if torch.is_grad_enabled() and a.requires_grad and lora_product.usable(self.base_layer, x, a):
+            xd = None if isinstance(self.lora_dropout, nn.Identity) else self.lora_dropout(x)
+            return lora_product.LoRAProduct.apply(x, xd, a, self.lora_B.weight, self.base_layer, self.scaling)
         y = self.base_layer(x)
         return y + self.update(x).to(y.dtype)
 

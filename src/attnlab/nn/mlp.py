@@ -46,6 +46,33 @@ class FeedForward(nn.Module):
         return self.down_proj(self.dropout(self.act(self.up_proj(x))))
 
 
+class _GatedSiLU(torch.autograd.Function):
+    """SiLU(g) ⊙ u saving only g and u: autograd's two ops (silu, mul) also keep SiLU(g), an (R, F)
+    tensor per layer. The backward recomputes σ(g): ∂/∂u = grad ⊙ SiLU(g), ∂/∂g = silu_backward(grad ⊙ u, g),
+    the ops' own formulas in their order (the same values)."""
+
+    @staticmethod
+    def forward(ctx, gate, up):
+        ctx.save_for_backward(gate, up)
+        return F.silu(gate).mul_(up)
+
+    @staticmethod
+    def backward(ctx, grad):
+        gate, up = ctx.saved_tensors
+        grad_gate = torch.ops.aten.silu_backward(grad * up, gate) if ctx.needs_input_grad[0] else None
+        grad_up = grad * F.silu(gate) if ctx.needs_input_grad[1] else None
+        return grad_gate, grad_up
+
+
+def gated_silu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """SiLU(gate) ⊙ up, SwiGLU's gating (same shapes and dtype); in training one autograd function
+    that keeps only its two inputs (_GatedSiLU)."""
+    if torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad) and gate.dtype == up.dtype \
+            and not torch.is_autocast_enabled(gate.device.type):
+        return _GatedSiLU.apply(gate, up)
+    return F.silu(gate) * up
+
+
 class SwiGLU(nn.Module):
     """SwiGLU(x) = W_down (SiLU(W_gate x) ⊙ W_up x), the FFN of LLaMA, Mistral and Qwen.
 
@@ -66,7 +93,7 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T, D) -> (B, T, D)."""
-        return self.down_proj(self.dropout(F.silu(self.gate_proj(x)) * self.up_proj(x)))
+        return self.down_proj(self.dropout(gated_silu(self.gate_proj(x), self.up_proj(x))))
 
 
 def make_ffn(d_model: int, d_ff: int, activation: str, dropout: float = 0.0, bias: bool = True) -> nn.Module:

@@ -15,6 +15,7 @@ from attnlab.data.translation import read_parallel
 from attnlab.errors import UserError
 from attnlab.generate import generate
 from attnlab.lm_beam import lm_beam_search
+from attnlab.nn.linear_cross_entropy import linear_cross_entropy
 from attnlab.nn.prefix_kv import SharedPrefixKV
 from attnlab.seeding import mix_seed
 from attnlab.tasks.language_model import special_strings
@@ -50,12 +51,13 @@ def render_pair(template: str, special: dict, instruction: str, response: str, s
     return prompt, full[len(prompt):]
 
 
-def response_logits(model, batch: InstructionBatch) -> torch.Tensor:
-    """(N, V) logits of the batch's loss positions (batch.keep): one forward over the (B, T) rows;
-    with a shared prefix, the (1, P) prefix first, its keys and values then attended by every row
-    (nn/prefix_kv.py) at positions P.."""
+def response_logits(model, batch: InstructionBatch, return_hidden: bool = False) -> torch.Tensor:
+    """(N, V) logits of the batch's loss positions (batch.keep) (or with return_hidden their (N, D)
+    final hidden states): one forward over the (B, T) rows; with a shared prefix, the (1, P) prefix
+    first, its keys and values then attended by every row (nn/prefix_kv.py) at positions P.."""
     if not batch.prefix.numel():
-        return model(batch.ids, logits_to_keep=batch.keep).logits
+        out = model(batch.ids, logits_to_keep=batch.keep, return_hidden=return_hidden)
+        return out.hidden if return_hidden else out.logits
     model.set_kv_caches([SharedPrefixKV() for _ in model.layers])
     recompute = model.checkpoint_layers
     try:
@@ -64,7 +66,8 @@ def response_logits(model, batch: InstructionBatch) -> torch.Tensor:
         model.checkpoint_layers = False
         model(batch.prefix[None], logits_to_keep=torch.zeros(1, batch.prefix.numel(), dtype=torch.bool))
         model.checkpoint_layers = recompute
-        return model(batch.ids, logits_to_keep=batch.keep).logits
+        out = model(batch.ids, logits_to_keep=batch.keep, return_hidden=return_hidden)
+        return out.hidden if return_hidden else out.logits
     finally:
         model.checkpoint_layers = recompute
         model.clear_kv_cache()
@@ -123,10 +126,12 @@ class InstructionObjective:
         return batch[rows.start:rows.stop]
 
     def loss(self, model, batch: list[int]) -> tuple[torch.Tensor, int]:
-        """Mean cross-entropy over the response tokens of the examples `batch`, and their count."""
+        """Mean cross-entropy over the response tokens of the examples `batch`, and their count: the
+        output projection and the loss in chunks of positions (nn/linear_cross_entropy.py), so
+        that no (N, V) logits are kept for the backward."""
         b = collate(self.train, batch, self.pad_id, self.share_prefix)
-        logits = response_logits(model, b)
-        return F.cross_entropy(logits.float(), b.targets[b.keep], label_smoothing=self.data_cfg.label_smoothing), \
+        hidden = response_logits(model, b, return_hidden=True)
+        return linear_cross_entropy(hidden, model.lm_head, b.targets[b.keep], self.data_cfg.label_smoothing), \
             b.n_targets
 
     @torch.no_grad()

@@ -1,0 +1,99 @@
+"""The output projection and the (label-smoothed) cross-entropy of its logits, in chunks of rows,
+with the gradient taken in the forward pass: no (N, V) tensor lives past one chunk.
+
+Shape legend: N positions, D model dim, V vocabulary, C rows per chunk.
+
+    loss = mean over the N rows of  (1 − ε)(lse(z) − z_y) + ε (lse(z) − mean(z)),   z = h Wᵀ (N, V)
+
+Composed of autograd's ops (the head, log_softmax, nll), a step keeps the (N, V) log-probabilities
+for the backward and makes two more (N, V) tensors in it (their gradient, the logits' gradient):
+~200 MB for SmolLM2's 49,152 tokens at 350 positions, the largest tensors of a fine-tuning step.
+Here each chunk of C rows computes its logits, their log-sum-exp, its loss and its logits' gradient
+
+    ∂loss/∂z = (softmax(z) − (1 − ε) one_hot(y) − ε / V) / N
+
+from which the chunk's ∂/∂h = (∂loss/∂z) W (and ∂/∂W += (∂loss/∂z)ᵀ h when W is trained) is
+taken at once; the backward only scales the saved (N, D) (and (V, D)) gradients by the incoming
+one. The same values as F.cross_entropy(label_smoothing=ε) of head(h) up to fp32 rounding of the
+sums (tests/nn/test_linear_cross_entropy.py). Liger-Kernel's fused linear cross-entropy (Hsu et al.
+2024, §3.2) does the same on GPUs.
+
+The head is an fp32 nn.Linear without bias (a trained or a frozen weight) or a QuantLinear (frozen;
+its product and its input gradient). Anything else (autocast, bf16, a bias, a sharded weight) takes
+the composition: F.cross_entropy(head(h).float(), y).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnlab.nn.quant_linear import QuantLinear
+
+CHUNK_ROWS = 64  # C: a (64, 49,152) fp32 chunk of logits is 12.6 MB
+
+
+def _fused(head: nn.Module, hidden: torch.Tensor) -> bool:
+    """Whether this head and input take the chunked path (module docstring); gradients needed."""
+    trained = hidden.requires_grad or (not isinstance(head, QuantLinear) and head.weight.requires_grad)
+    if not (torch.is_grad_enabled() and trained):
+        return False
+    if torch.is_autocast_enabled(hidden.device.type) or hidden.dtype != torch.float32 or hidden.dim() != 2:
+        return False
+    if isinstance(head, QuantLinear):
+        return head.bias is None
+    return (isinstance(head, nn.Linear) and head.bias is None and type(head.weight.data) is torch.Tensor
+            and head.weight.dtype == torch.float32)
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, head, epsilon, chunk):
+        n, vocab = hidden.size(0), head.out_features
+        quant = isinstance(head, QuantLinear)
+        grad_h = torch.empty_like(hidden)
+        grad_w = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
+        total = hidden.new_zeros(())
+        for s in range(0, n, chunk):
+            h, y = hidden[s:s + chunk], targets[s:s + chunk, None]
+            z = head.product(h) if quant else h @ weight.t()  # (C, V)
+            lse = torch.logsumexp(z, dim=-1, keepdim=True)  # (C, 1)
+            rows = lse[:, 0] - z.gather(1, y)[:, 0]
+            if epsilon:
+                rows = (1 - epsilon) * rows + epsilon * (lse[:, 0] - z.mean(dim=-1))
+            total += rows.sum()
+            g = z.sub_(lse).exp_()  # softmax, in the logits' place
+            if epsilon:
+                g.sub_(epsilon / vocab)
+            g.scatter_add_(1, y, g.new_full(y.shape, -(1 - epsilon)))
+            g.div_(n)
+            grad_h[s:s + chunk] = head.input_grad(g) if quant else g @ weight
+            if grad_w is not None:
+                grad_w.addmm_(g.t(), h)
+        ctx.save_for_backward(grad_h, *(() if grad_w is None else (grad_w,)))
+        return total / n
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad_h, *grad_w = ctx.saved_tensors
+        return grad_h * grad, (grad_w[0] * grad if grad_w else None), None, None, None, None
+
+
+def linear_cross_entropy(hidden: torch.Tensor, head: nn.Module, targets: torch.Tensor,
+                         label_smoothing: float = 0.0, chunk_rows: int = CHUNK_ROWS) -> torch.Tensor:
+    """Mean cross-entropy of head(hidden) against targets (module docstring), differentiable in
+    hidden and in the head's weight where it is trained.
+
+    Args:
+        hidden: (N, D) the final hidden states of the positions that carry a loss. head: the output
+            projection, D -> V. targets: (N,) int64 in [0, V). label_smoothing: ε in [0, 1).
+        chunk_rows: C, rows per chunk.
+    Returns:
+        () fp32, as F.cross_entropy(head(hidden).float(), targets, label_smoothing=ε).
+    """
+    if not hidden.size(0) or not _fused(head, hidden):
+        return F.cross_entropy(head(hidden).float(), targets, label_smoothing=label_smoothing)
+    weight = head.qs if isinstance(head, QuantLinear) else head.weight  # a quantized head is frozen
+    if isinstance(head, QuantLinear) or not weight.requires_grad:
+        weight = weight.detach()
+    return _LinearCrossEntropy.apply(hidden, weight, targets, head, float(label_smoothing), chunk_rows)

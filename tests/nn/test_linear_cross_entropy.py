@@ -1,0 +1,70 @@
+"""linear_cross_entropy (nn/linear_cross_entropy.py): the chunked head + cross-entropy gives
+F.cross_entropy's loss and gradients of the composition (1e-6), for a frozen, a trained and a
+quantized head, with label smoothing, and keeps no (N, V) tensor for the backward."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnlab.nn.linear_cross_entropy import linear_cross_entropy
+from attnlab.nn.quant_linear import quantize_model
+
+
+def case(trained: bool, n: int = 37, d: int = 32, vocab: int = 300):
+    torch.manual_seed(0)
+    head = nn.Linear(d, vocab, bias=False).requires_grad_(trained)
+    hidden = torch.randn(n, d) * 2
+    targets = torch.randint(0, vocab, (n,))
+    return head, hidden, targets
+
+
+def run(loss_fn, head, hidden, targets):
+    h = hidden.clone().requires_grad_(True)
+    loss = loss_fn(h)
+    (loss * 3.0).backward()  # the loop back-propagates loss · count
+    grad_w = None if head.weight.grad is None else head.weight.grad.clone()
+    head.zero_grad(set_to_none=True)
+    return loss.detach(), h.grad, grad_w
+
+
+@pytest.mark.parametrize("trained", [False, True])
+@pytest.mark.parametrize("epsilon", [0.0, 0.1])
+def test_loss_and_gradients_equal_the_composition(trained, epsilon):
+    head, hidden, targets = case(trained)
+    ours = run(lambda h: linear_cross_entropy(h, head, targets, epsilon, chunk_rows=8), head, hidden, targets)
+    ref = run(lambda h: F.cross_entropy(head(h).float(), targets, label_smoothing=epsilon), head, hidden, targets)
+    assert (ours[0] - ref[0]).abs() <= 1e-6 * ref[0].abs()
+    for a, b in zip(ours[1:], ref[1:]):
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert (a - b).abs().max() <= 1e-6 * b.abs().max()
+
+
+def test_a_quantized_head_equals_its_composition():
+    model = nn.Sequential(nn.Linear(64, 96, bias=False))
+    quantize_model(model, "q8_0")
+    head = model[0]
+    hidden, targets = torch.randn(20, 64), torch.randint(0, 96, (20,))
+    h1, h2 = hidden.clone().requires_grad_(True), hidden.clone().requires_grad_(True)
+    ours = linear_cross_entropy(h1, head, targets, chunk_rows=6)
+    ref = F.cross_entropy(head(h2).float(), targets)
+    ours.backward(), ref.backward()
+    assert (ours - ref).abs() <= 1e-5 * ref.abs()
+    assert (h1.grad - h2.grad).abs().max() <= 1e-4 * h2.grad.abs().max()  # bf16 input gradient of both
+
+
+def test_keeps_no_logits_for_the_backward():
+    head, hidden, targets = case(False, n=40, vocab=500)
+    saved = []
+    h = hidden.clone().requires_grad_(True)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(tuple(t.shape)) or t, lambda t: t):
+        linear_cross_entropy(h, head, targets, chunk_rows=16)
+    assert saved == [(40, 32)]  # ∂loss/∂h only: no (N, V) tensor
+
+
+def test_without_gradients_it_is_the_plain_loss():
+    head, hidden, targets = case(False)
+    with torch.no_grad():
+        assert torch.equal(linear_cross_entropy(hidden, head, targets), F.cross_entropy(head(hidden), targets))
