@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.nn.attention import scaled_dot_product_attention
 from attnlab.recipes import get_recipe
-from attnlab.recipes.shakespeare_char import native_bf16
+from attnlab.nn.cpu_tuning import native_bf16
 from attnlab.train.config import TrainConfig
 from attnlab.train.loop import Trainer
 from attnlab.train.optim import build_optimizer

@@ -69,6 +69,13 @@ def cpu_info(path: str = "/proc/cpuinfo") -> dict:
                       "amx": bool({"amx_tile", "amx_int8", "amx_bf16"} & flags)}}
 
 
+def native_bf16(info: dict | None = None) -> bool:
+    """Whether this CPU multiplies bf16 matrices natively (AVX512-BF16 or AMX): where recipes train
+    under bf16 autocast by default (TrainConfig.autocast)."""
+    flags = (info or cpu_info())["flags"]
+    return flags["avx512_bf16"] or flags["amx"]
+
+
 def kind(info: dict | None = None) -> str:
     """"amd" for an AuthenticAMD CPU, else "intel" (the rule's default row); ATTNLAB_CPU_TUNING overrides."""
     forced = os.environ.get(ENV, "")

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 
 from attnlab.models.gpt import GPTConfig
-from attnlab.nn.cpu_tuning import cpu_info
+from attnlab.nn.cpu_tuning import native_bf16
 from attnlab.recipes.recipe import Recipe
 from attnlab.tasks.language_model import TextDataConfig
 from attnlab.train.config import TrainConfig
@@ -40,12 +40,6 @@ def train_config() -> TrainConfig:
     return TrainConfig(lr_schedule="cosine", lr=1e-3, min_lr=1e-4, warmup_steps=100, lr_decay_steps=2000,
                        max_steps=2000, beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.1, clip_grad_norm=1.0,
                        eval_every=250, log_every=50, checkpoint_every=250)
-
-
-def native_bf16(info: dict | None = None) -> bool:
-    """Whether this CPU multiplies bf16 matrices natively (AVX512-BF16 or AMX; nn/cpu_tuning.cpu_info)."""
-    flags = (info or cpu_info())["flags"]
-    return flags["avx512_bf16"] or flags["amx"]
 
 
 def recipe():
