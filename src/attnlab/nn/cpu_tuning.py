@@ -19,7 +19,9 @@ Where a value came from (bench/decode_tuning.py runs the sweeps; the README keep
         figures were measured with (not re-measured since; the one-region step is unmeasured there).
     AMD (AuthenticAMD; EPYC Zen 4, issue 23's host): see AMD_ZEN4 below.
 The chosen values are printed in every bench JSON (`chosen()`), and ATTNLAB_CPU_TUNING=intel|amd
-forces one kind's row (to compare them on one machine).
+forces one kind's row (to compare them on one machine). `chosen()` also names the quantized products'
+tile form (QUANT_TILE), the same on every CPU: issue 23's 16-row transposed tile (nn/quant_tile16.h),
+faster at every batch size on the AMD host (measured there only; the Intel host is not re-measured).
 """
 from __future__ import annotations
 
@@ -46,6 +48,7 @@ INTEL_SPR = Tuning(prefetch_q=3072, prefetch_f32=0, parallel_bytes=1 << 15, one_
 AMD_ZEN4 = Tuning(prefetch_q=4096, prefetch_f32=16384, parallel_bytes=1 << 15, one_region=1, prefetch_l2=1,
                   linear_form="cpp")
 ROWS = {"intel": INTEL_SPR, "amd": AMD_ZEN4}
+QUANT_TILE = "transposed16"  # 16 weight rows per tile, each lane one output; the last O % 16 rows: 4-row tiles
 
 
 def kernel_settings(row: Tuning) -> dict[str, int]:
@@ -89,7 +92,8 @@ def chosen(kernel_built: bool) -> dict:
     run: "cpp" needs the extension, else "bmm" on AMD and "blas" elsewhere)."""
     info = cpu_info()
     row = choose(info)
-    return {"cpu": info, "tuning_row": kind(info), **asdict(row), "linear_form": linear_form(kernel_built, info)}
+    return {"cpu": info, "tuning_row": kind(info), **asdict(row), "linear_form": linear_form(kernel_built, info),
+            "quant_tile": QUANT_TILE}
 
 
 def linear_form(kernel_built: bool, info: dict | None = None) -> str:

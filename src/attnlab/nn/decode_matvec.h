@@ -9,7 +9,8 @@
 // of 4 weight rows × up to 4 x rows shares the loads.
 // Quantized: x is quantized once per 32-block (quant_kernel.h), then each block's 32 int8 products
 // are summed exactly in int32, as in torch.ops.attnlab_quant.linear (same tile code, same result).
-// Rows are split over at::parallel_for in tiles of MR rows; a product smaller than parallel_bytes per
+// Rows are split over at::parallel_for in tiles (quantized: 16 rows, quant_tile16.h, the last O % 16 in tiles
+// of MR and 1; fp32: MR); a product smaller than parallel_bytes per
 // thread runs on the calling thread (waking a thread costs more than it saves). Before a tile, the
 // weights of the tile about prefetch_bytes further on are prefetched (quantized: qs; fp32: w): on the
 // Intel host of issue 17, 1.3-2× faster Q8_0 / Q4_1 decoding than the hardware prefetcher alone, no
@@ -27,6 +28,7 @@
 
 #include "decode_team.h"
 #include "quant_kernel.h"
+#include "quant_tile16.h"
 
 namespace attnlab_decode {
 
@@ -51,10 +53,13 @@ struct Linear {  // one (O, I) weight and its bias; the tensors are held so the 
   int kind = F32;
   int64_t out = 0, in = 0, offset = 0;  // offset: first row of this part in its group's output
   at::Tensor w, qs, d, m, bias;
+  at::Tensor dT, mT;  // d / m of the first ⌊O/16⌋·16 rows as (O/16, NB, 16): the 16-row tiles' scales
   const float* wp = nullptr;
   const uint8_t* qsp = nullptr;
   const at::Half* dp = nullptr;
   const at::Half* mp = nullptr;
+  const at::Half* dTp = nullptr;
+  const at::Half* mTp = nullptr;
   const float* bp = nullptr;
 
   int64_t bytes() const {
@@ -66,6 +71,18 @@ inline at::Tensor checked_vector(const at::Tensor& t, int64_t n, const char* wha
   TORCH_CHECK(t.dim() == 1 && t.size(0) == n && t.scalar_type() == at::kFloat && t.is_contiguous() && t.is_cpu(),
               what, " must be a contiguous (", n, ",) float32 CPU tensor");
   return t;
+}
+
+// (O, NB) -> (O/16, NB, 16) for the 16-row tiles (quant_tile16.h), built once per prepared weight
+inline at::Tensor tile_scales(const at::Tensor& s, int64_t tiles) {
+  return s.narrow(0, 0, tiles * TR).view({tiles, TR, s.size(1)}).transpose(1, 2).contiguous();
+}
+
+inline void transpose_scales(Linear& l) {
+  const int64_t tiles = l.out / TR;
+  if (tiles == 0) return;
+  l.dT = tile_scales(l.d, tiles), l.dTp = l.dT.data_ptr<at::Half>();
+  if (l.kind == Q4_1) l.mT = tile_scales(l.m, tiles), l.mTp = l.mT.data_ptr<at::Half>();
 }
 
 // A weight (O, I) read in place: kind 0..2 = q8_0 / q4_0 / q4_1 with tensors [qs, d] or [qs, d, m]
@@ -95,6 +112,7 @@ inline Linear make_linear(int64_t kind, const std::vector<at::Tensor>& tensors, 
                   "m must match d");
       l.mp = l.m.data_ptr<at::Half>();
     }
+    transpose_scales(l);
   }
   if (bias.has_value()) {
     l.bias = checked_vector(*bias, l.out, "bias");
@@ -108,7 +126,8 @@ struct Tile {  // rows o .. o + rows − 1 of part `part`
   int64_t o, rows;
   const char* w = nullptr;  // its weight bytes (qs, or fp32 rows), and how many
   int64_t bytes = 0;
-  const char* scales = nullptr;  // its fp16 scales d (and m), and how many bytes of each
+  const char* scales = nullptr;  // its fp16 scales d (and m, or none), and how many bytes of each
+  const char* mins = nullptr;
   int64_t scale_bytes = 0;
 };
 
@@ -129,10 +148,14 @@ struct Group {  // parts of one input, outputs concatenated
     const int64_t row_bytes = l.kind == F32 ? l.in * 4 : l.kind == Q8_0 ? l.in : l.in / 2;
     const char* base = l.kind == F32 ? (const char*)l.wp : (const char*)l.qsp;
     const int64_t nb = l.in / QK;
-    for (int64_t o = 0; o < l.out;) {
-      const int64_t rows = o + MR <= l.out ? MR : 1;
+    for (int64_t o = 0; o < l.out;) {  // quantized: tiles of 16 rows (quant_tile16.h), the rest of 4 and 1
+      const int64_t rows = l.kind != F32 && o + TR <= l.out ? TR : o + MR <= l.out ? MR : 1;
       Tile t{p, o, rows, base + o * row_bytes, rows * row_bytes};
-      if (l.kind != F32) t.scales = (const char*)(l.dp + o * nb), t.scale_bytes = rows * nb * 2;
+      if (l.kind != F32) {
+        const bool t16 = rows == TR;
+        t.scales = (const char*)(t16 ? l.dTp + o * nb : l.dp + o * nb), t.scale_bytes = rows * nb * 2;
+        if (l.kind == Q4_1) t.mins = (const char*)(t16 ? l.mTp + o * nb : l.mp + o * nb);
+      }
       tiles.push_back(t);
       o += rows;
     }
@@ -188,7 +211,9 @@ inline void f32_rows(const float* w, int64_t in, const float* x, int64_t rows, i
 template <int SCHEME>
 inline void quant_rows(const Linear& l, const Acts& a, const Tile& t, float* y, int64_t ldy) {
   const int64_t nb = l.in / QK, row_bytes = SCHEME == Q8_0 ? l.in : l.in / 2;
-  if (t.rows == MR) rows_tile<SCHEME, MR>(l.qsp, l.dp, l.mp, row_bytes, nb, a, t.o, y, ldy);
+  if (t.rows == TR) rows_tile16<SCHEME>(l.qsp, l.dTp + t.o * nb, l.mTp == nullptr ? nullptr : l.mTp + t.o * nb,
+                                        row_bytes, nb, a, t.o, y, ldy);
+  else if (t.rows == MR) rows_tile<SCHEME, MR>(l.qsp, l.dp, l.mp, row_bytes, nb, a, t.o, y, ldy);
   else rows_tile<SCHEME, 1>(l.qsp, l.dp, l.mp, row_bytes, nb, a, t.o, y, ldy);
 }
 
@@ -217,7 +242,6 @@ inline void product_tiles(const Group& g, const float* x, const Acts& a8, const 
       const int64_t ahead = std::max<int64_t>(1, (distance + t.bytes / 2) / t.bytes);
       if (i + ahead < t1) {
         const Tile& next = g.tiles[i + ahead];
-        const Linear& nl = g.parts[next.part];
         if (tune.prefetch_l2) {
           for (int64_t b = 0; b < next.bytes; b += 64) _mm_prefetch(next.w + b, _MM_HINT_T1);
         } else {
@@ -225,7 +249,7 @@ inline void product_tiles(const Group& g, const float* x, const Acts& a8, const 
         }
         for (int64_t b = 0; b < next.scale_bytes; b += 64) {
           _mm_prefetch(next.scales + b, _MM_HINT_T0);
-          if (nl.mp != nullptr) _mm_prefetch((const char*)nl.mp + (next.scales - (const char*)nl.dp) + b, _MM_HINT_T0);
+          if (next.mins != nullptr) _mm_prefetch(next.mins + b, _MM_HINT_T0);
         }
       }
     }
