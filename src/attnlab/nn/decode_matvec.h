@@ -53,13 +53,14 @@ struct Linear {  // one (O, I) weight and its bias; the tensors are held so the 
   int kind = F32;
   int64_t out = 0, in = 0, offset = 0;  // offset: first row of this part in its group's output
   at::Tensor w, qs, d, m, bias;
-  at::Tensor dT, mT;  // d / m of the first ⌊O/16⌋·16 rows as (O/16, NB, 16): the 16-row tiles' scales
+  at::Tensor dT, mT, qT;  // qT: qs of the 16-row tiles as (O/16, NB, 16, block bytes)  // d / m of the first ⌊O/16⌋·16 rows as (O/16, NB, 16): the 16-row tiles' scales
   const float* wp = nullptr;
   const uint8_t* qsp = nullptr;
   const at::Half* dp = nullptr;
   const at::Half* mp = nullptr;
   const at::Half* dTp = nullptr;
   const at::Half* mTp = nullptr;
+  const uint8_t* qTp = nullptr;
   const float* bp = nullptr;
 
   int64_t bytes() const {
@@ -83,6 +84,9 @@ inline void transpose_scales(Linear& l) {
   if (tiles == 0) return;
   l.dT = tile_scales(l.d, tiles), l.dTp = l.dT.data_ptr<at::Half>();
   if (l.kind == Q4_1) l.mT = tile_scales(l.m, tiles), l.mTp = l.mT.data_ptr<at::Half>();
+  const int64_t nb = l.in / QK, bpb = l.kind == Q8_0 ? QK : QK / 2;
+  l.qT = l.qs.view({l.out, -1}).narrow(0, 0, tiles * TR).view({tiles, TR, nb, bpb}).transpose(1, 2).contiguous();
+  l.qTp = (const uint8_t*)l.qT.data_ptr();
 }
 
 // A weight (O, I) read in place: kind 0..2 = q8_0 / q4_0 / q4_1 with tensors [qs, d] or [qs, d, m]
@@ -150,9 +154,9 @@ struct Group {  // parts of one input, outputs concatenated
     const int64_t nb = l.in / QK;
     for (int64_t o = 0; o < l.out;) {  // quantized: tiles of 16 rows (quant_tile16.h), the rest of 4 and 1
       const int64_t rows = l.kind != F32 && o + TR <= l.out ? TR : o + MR <= l.out ? MR : 1;
-      Tile t{p, o, rows, base + o * row_bytes, rows * row_bytes};
+      const bool t16 = l.kind != F32 && rows == TR;
+      Tile t{p, o, rows, (t16 ? (const char*)l.qTp : base) + o * row_bytes, rows * row_bytes};
       if (l.kind != F32) {
-        const bool t16 = rows == TR;
         t.scales = (const char*)(t16 ? l.dTp + o * nb : l.dp + o * nb), t.scale_bytes = rows * nb * 2;
         if (l.kind == Q4_1) t.mins = (const char*)(t16 ? l.mTp + o * nb : l.mp + o * nb);
       }
@@ -211,8 +215,9 @@ inline void f32_rows(const float* w, int64_t in, const float* x, int64_t rows, i
 template <int SCHEME>
 inline void quant_rows(const Linear& l, const Acts& a, const Tile& t, float* y, int64_t ldy) {
   const int64_t nb = l.in / QK, row_bytes = SCHEME == Q8_0 ? l.in : l.in / 2;
-  if (t.rows == TR) rows_tile16<SCHEME>(l.qsp, l.dTp + t.o * nb, l.mTp == nullptr ? nullptr : l.mTp + t.o * nb,
-                                        row_bytes, nb, a, t.o, y, ldy);
+  const int64_t bpb = SCHEME == Q8_0 ? QK : QK / 2;
+  if (t.rows == TR) rows_tile16<SCHEME>(l.qTp + t.o * row_bytes, bpb, TR * bpb, l.dTp + t.o * nb, l.mTp == nullptr ? nullptr : l.mTp + t.o * nb,
+                                        nb, a, t.o, y, ldy);
   else if (t.rows == MR) rows_tile<SCHEME, MR>(l.qsp, l.dp, l.mp, row_bytes, nb, a, t.o, y, ldy);
   else rows_tile<SCHEME, 1>(l.qsp, l.dp, l.mp, row_bytes, nb, a, t.o, y, ldy);
 }

@@ -78,16 +78,15 @@ inline void transpose_q4(const uint8_t* p, int64_t row_bytes, __m512i lo[4], __m
 // y[r][o .. o+16) for the 16 weight rows from o and N activation rows from r0; dT / mT: this tile's
 // (NB, 16) scales
 template <int SCHEME, int N>
-inline void tile16(const uint8_t* qs, const at::Half* dT, const at::Half* mT, int64_t row_bytes, int64_t nb,
-                   const Acts& a, int64_t o, int64_t r0, float* y, int64_t out) {
+inline void tile16(const uint8_t* base, int64_t row_stride, int64_t block_stride, const at::Half* dT,
+                   const at::Half* mT, int64_t nb, const Acts& a, int64_t o, int64_t r0, float* y, int64_t out) {
   const int64_t in = nb * QK;
   __m512 acc[N];
   for (int j = 0; j < N; ++j) acc[j] = _mm512_setzero_ps();
-  const uint8_t* base = qs + o * row_bytes;
   for (int64_t b = 0; b < nb; ++b) {
     __m512i w[8];  // Q8_0: dwords 0..7; Q4: lo 0..3, hi 0..3 (elements 0..15, then 16..31)
-    if (SCHEME == Q8_0) transpose_q8(base + b * QK, row_bytes, w);
-    else transpose_q4(base + b * (QK / 2), row_bytes, w, w + 4);
+    if (SCHEME == Q8_0) transpose_q8(base + b * block_stride, row_stride, w);
+    else transpose_q4(base + b * block_stride, row_stride, w, w + 4);
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(dT + b * TR)));
     __m512 mw = _mm512_setzero_ps();
     if (SCHEME == Q4_1) mw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(mT + b * TR)));
@@ -108,18 +107,18 @@ inline void tile16(const uint8_t* qs, const at::Half* dT, const at::Half* mT, in
 
 // the 16 weight rows from o against all a.rows activation rows, 8 at a time
 template <int SCHEME>
-inline void rows_tile16(const uint8_t* qs, const at::Half* dT, const at::Half* mT, int64_t row_bytes, int64_t nb,
+inline void rows_tile16(const uint8_t* qs, int64_t rs, int64_t bs, const at::Half* dT, const at::Half* mT, int64_t nb,
                         const Acts& a, int64_t o, float* y, int64_t out) {
   int64_t r = 0;
-  for (; r + 8 <= a.rows; r += 8) tile16<SCHEME, 8>(qs, dT, mT, row_bytes, nb, a, o, r, y, out);
+  for (; r + 8 <= a.rows; r += 8) tile16<SCHEME, 8>(qs, rs, bs, dT, mT, nb, a, o, r, y, out);
   switch (a.rows - r) {
-    case 7: tile16<SCHEME, 7>(qs, dT, mT, row_bytes, nb, a, o, r, y, out); break;
-    case 6: tile16<SCHEME, 6>(qs, dT, mT, row_bytes, nb, a, o, r, y, out); break;
-    case 5: tile16<SCHEME, 5>(qs, dT, mT, row_bytes, nb, a, o, r, y, out); break;
-    case 4: tile16<SCHEME, 4>(qs, dT, mT, row_bytes, nb, a, o, r, y, out); break;
-    case 3: tile16<SCHEME, 3>(qs, dT, mT, row_bytes, nb, a, o, r, y, out); break;
-    case 2: tile16<SCHEME, 2>(qs, dT, mT, row_bytes, nb, a, o, r, y, out); break;
-    case 1: tile16<SCHEME, 1>(qs, dT, mT, row_bytes, nb, a, o, r, y, out); break;
+    case 7: tile16<SCHEME, 7>(qs, rs, bs, dT, mT, nb, a, o, r, y, out); break;
+    case 6: tile16<SCHEME, 6>(qs, rs, bs, dT, mT, nb, a, o, r, y, out); break;
+    case 5: tile16<SCHEME, 5>(qs, rs, bs, dT, mT, nb, a, o, r, y, out); break;
+    case 4: tile16<SCHEME, 4>(qs, rs, bs, dT, mT, nb, a, o, r, y, out); break;
+    case 3: tile16<SCHEME, 3>(qs, rs, bs, dT, mT, nb, a, o, r, y, out); break;
+    case 2: tile16<SCHEME, 2>(qs, rs, bs, dT, mT, nb, a, o, r, y, out); break;
+    case 1: tile16<SCHEME, 1>(qs, rs, bs, dT, mT, nb, a, o, r, y, out); break;
     default: break;
   }
 }
