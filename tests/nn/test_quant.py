@@ -106,11 +106,11 @@ def test_cpp_kernel_equals_the_pytorch_reference(scheme):
 
 @pytest.mark.skipif("cpp" not in IMPLS, reason="the C++ kernel is not available here")
 @pytest.mark.parametrize("scheme", SCHEMES)
-@pytest.mark.parametrize("out", [16, 37, 64])  # tiles of 16 only; 16-row tiles then 4- and 1-row ones
+@pytest.mark.parametrize("out", [16, 37, 64])  # 4-row tiles only; 4-row then 1-row ones
 def test_cpp_kernel_rows_of_a_batch_get_their_bits_alone(scheme, out):
-    """Issue 23's 16-row transposed tile sums each output over the blocks in one order whatever the
-    number of activation rows (1..PREFILL_ROWS - 1, several tile widths): a row's result is the same bits
-    in a batch as alone, and within the rounding bound of the dequantized reference."""
+    """The rows layout's tiles sum each output in one order whatever the number of activation rows
+    (1..PREFILL_ROWS - 1, several tile widths): a row's result is the same bits in a batch as alone,
+    and within the rounding bound of the dequantized reference (the tiled layout: test_quant_tiles.py)."""
     qw = quantize(_weights(rows=out, cols=320, seed=3), scheme)  # NB = 10: not a multiple of 4 or 16
     x = torch.randn(PREFILL_ROWS - 1, 320) * torch.linspace(0.1, 20, 320)
     batched = quant_matmul(x, qw, "cpp")

@@ -9,8 +9,11 @@
 // of 4 weight rows × up to 4 x rows shares the loads.
 // Quantized: x is quantized once per 32-block (quant_kernel.h), then each block's 32 int8 products
 // are summed exactly in int32, as in torch.ops.attnlab_quant.linear (same tile code, same result).
-// Rows are split over at::parallel_for in tiles (quantized: 16 rows, quant_tile16.h, the last O % 16 in tiles
-// of MR and 1; fp32: MR); a product smaller than parallel_bytes per
+// A quantized weight comes in one of two layouts (nn/quant.py QuantWeight.tile): ggml's rows, read in
+// tiles of MR and 1 rows (quant_kernel.h), or the kernel's T-row tiles (T = 16 or 8, quant_tiles.h),
+// the last O % T rows in tiles of MR and 1; each output row's arithmetic depends on the layout and its
+// row only. fp32: tiles of MR rows.
+// Rows are split over at::parallel_for in tiles; a product smaller than parallel_bytes per
 // thread runs on the calling thread (waking a thread costs more than it saves). Before a tile, the
 // weights of the tile about prefetch_bytes further on are prefetched (quantized: qs; fp32: w): on the
 // Intel host of issue 17, 1.3-2× faster Q8_0 / Q4_1 decoding than the hardware prefetcher alone, no
@@ -28,7 +31,7 @@
 
 #include "decode_team.h"
 #include "quant_kernel.h"
-#include "quant_tile16.h"
+#include "quant_tiles.h"
 
 namespace attnlab_decode {
 
@@ -52,15 +55,12 @@ inline Tuning& tuning() {  // one instance in the extension (an inline function'
 struct Linear {  // one (O, I) weight and its bias; the tensors are held so the pointers stay valid
   int kind = F32;
   int64_t out = 0, in = 0, offset = 0;  // offset: first row of this part in its group's output
+  int64_t tile = 0;                     // the quantized layout: 0 = ggml's rows, T = T-row tiles (nn/quant.py)
   at::Tensor w, qs, d, m, bias;
-  at::Tensor dT, mT, qT;  // qT: qs of the 16-row tiles as (O/16, NB, 16, block bytes)  // d / m of the first ⌊O/16⌋·16 rows as (O/16, NB, 16): the 16-row tiles' scales
   const float* wp = nullptr;
   const uint8_t* qsp = nullptr;
   const at::Half* dp = nullptr;
   const at::Half* mp = nullptr;
-  const at::Half* dTp = nullptr;
-  const at::Half* mTp = nullptr;
-  const uint8_t* qTp = nullptr;
   const float* bp = nullptr;
 
   int64_t bytes() const {
@@ -74,26 +74,19 @@ inline at::Tensor checked_vector(const at::Tensor& t, int64_t n, const char* wha
   return t;
 }
 
-// (O, NB) -> (O/16, NB, 16) for the 16-row tiles (quant_tile16.h), built once per prepared weight
-inline at::Tensor tile_scales(const at::Tensor& s, int64_t tiles) {
-  return s.narrow(0, 0, tiles * TR).view({tiles, TR, s.size(1)}).transpose(1, 2).contiguous();
-}
-
-inline void transpose_scales(Linear& l) {
-  const int64_t tiles = l.out / TR;
-  if (tiles == 0) return;
-  l.dT = tile_scales(l.d, tiles), l.dTp = l.dT.data_ptr<at::Half>();
-  if (l.kind == Q4_1) l.mT = tile_scales(l.m, tiles), l.mTp = l.mT.data_ptr<at::Half>();
-  const int64_t nb = l.in / QK, bpb = l.kind == Q8_0 ? QK : QK / 2;
-  l.qT = l.qs.view({l.out, -1}).narrow(0, 0, tiles * TR).view({tiles, TR, nb, bpb}).transpose(1, 2).contiguous();
-  l.qTp = (const uint8_t*)l.qT.data_ptr();
+inline void check_tile(int64_t kind, int64_t tile) {
+  TORCH_CHECK(tile == 0 || ((tile == 8 || tile == 16) && kind != F32),
+              "tile must be 0 (rows), or 8 / 16 for a quantized weight (nn/quant.py TILES)");
 }
 
 // A weight (O, I) read in place: kind 0..2 = q8_0 / q4_0 / q4_1 with tensors [qs, d] or [qs, d, m]
-// (nn/quant.py), kind 3 = fp32 with [w]; bias (O,) fp32 or none.
-inline Linear make_linear(int64_t kind, const std::vector<at::Tensor>& tensors, const c10::optional<at::Tensor>& bias) {
+// (nn/quant.py) in layout `tile`, kind 3 = fp32 with [w] (tile 0); bias (O,) fp32 or none.
+inline Linear make_linear(int64_t kind, const std::vector<at::Tensor>& tensors, const c10::optional<at::Tensor>& bias,
+                          int64_t tile) {
+  check_tile(kind, tile);
   Linear l;
   l.kind = (int)kind;
+  l.tile = tile;
   if (kind == F32) {
     TORCH_CHECK(tensors.size() == 1, "an fp32 weight is [w]");
     l.w = tensors[0];
@@ -116,7 +109,6 @@ inline Linear make_linear(int64_t kind, const std::vector<at::Tensor>& tensors, 
                   "m must match d");
       l.mp = l.m.data_ptr<at::Half>();
     }
-    transpose_scales(l);
   }
   if (bias.has_value()) {
     l.bias = checked_vector(*bias, l.out, "bias");
@@ -130,35 +122,37 @@ struct Tile {  // rows o .. o + rows − 1 of part `part`
   int64_t o, rows;
   const char* w = nullptr;  // its weight bytes (qs, or fp32 rows), and how many
   int64_t bytes = 0;
-  const char* scales = nullptr;  // its fp16 scales d (and m, or none), and how many bytes of each
+  const char* scales = nullptr;  // its fp16 scales d and m (or none), and how many bytes of each
   const char* mins = nullptr;
-  int64_t scale_bytes = 0;
+  int64_t scale_bytes = 0;       // (both layouts keep a tile's bytes and its scales contiguous)
 };
 
 struct Group {  // parts of one input, outputs concatenated
   std::vector<Linear> parts;
   std::vector<Tile> tiles;
   int64_t in = 0, out = 0, bytes = 0;
-  bool q8 = false, q4 = false;  // which activation quantizations the parts need
+  bool q8 = false, q4 = false;  // which activation quantizations the parts need, and in which forms:
+  bool q8_rows = false, q8_tiles = false, q4_rows = false, q4_tiles = false;  // row layout's / tiles'
 
   void add(Linear l) {
     TORCH_CHECK(parts.empty() || l.in == in, "the parts of a group must share in_features");
     in = l.in;
     l.offset = out;
     out += l.out;
-    q8 |= l.kind == Q8_0;
-    q4 |= l.kind == Q4_0 || l.kind == Q4_1;
+    const bool tiled = l.tile > 0 && l.out >= l.tile, rowwise = l.tile == 0 || l.out % l.tile != 0;
+    q8 |= l.kind == Q8_0, q8_rows |= l.kind == Q8_0 && rowwise, q8_tiles |= l.kind == Q8_0 && tiled;
+    const bool k4 = l.kind == Q4_0 || l.kind == Q4_1;
+    q4 |= k4, q4_rows |= k4 && rowwise, q4_tiles |= k4 && tiled;
     const int p = (int)parts.size();
     const int64_t row_bytes = l.kind == F32 ? l.in * 4 : l.kind == Q8_0 ? l.in : l.in / 2;
     const char* base = l.kind == F32 ? (const char*)l.wp : (const char*)l.qsp;
     const int64_t nb = l.in / QK;
-    for (int64_t o = 0; o < l.out;) {  // quantized: tiles of 16 rows (quant_tile16.h), the rest of 4 and 1
-      const int64_t rows = l.kind != F32 && o + TR <= l.out ? TR : o + MR <= l.out ? MR : 1;
-      const bool t16 = l.kind != F32 && rows == TR;
-      Tile t{p, o, rows, (t16 ? (const char*)l.qTp : base) + o * row_bytes, rows * row_bytes};
+    for (int64_t o = 0; o < l.out;) {  // tiled layout: tiles of T rows, then (and in the row layout) MR and 1
+      const int64_t rows = l.tile > 0 && o + l.tile <= l.out ? l.tile : o + MR <= l.out ? MR : 1;
+      Tile t{p, o, rows, base + o * row_bytes, rows * row_bytes};
       if (l.kind != F32) {
-        t.scales = (const char*)(t16 ? l.dTp + o * nb : l.dp + o * nb), t.scale_bytes = rows * nb * 2;
-        if (l.kind == Q4_1) t.mins = (const char*)(t16 ? l.mTp + o * nb : l.mp + o * nb);
+        t.scales = (const char*)(l.dp + o * nb), t.scale_bytes = rows * nb * 2;
+        if (l.kind == Q4_1) t.mins = (const char*)(l.mp + o * nb);
       }
       tiles.push_back(t);
       o += rows;
@@ -215,10 +209,12 @@ inline void f32_rows(const float* w, int64_t in, const float* x, int64_t rows, i
 template <int SCHEME>
 inline void quant_rows(const Linear& l, const Acts& a, const Tile& t, float* y, int64_t ldy) {
   const int64_t nb = l.in / QK, row_bytes = SCHEME == Q8_0 ? l.in : l.in / 2;
-  const int64_t bpb = SCHEME == Q8_0 ? QK : QK / 2;
-  if (t.rows == TR) rows_tile16<SCHEME>(l.qTp + t.o * row_bytes, bpb, TR * bpb, l.dTp + t.o * nb, l.mTp == nullptr ? nullptr : l.mTp + t.o * nb,
-                                        nb, a, t.o, y, ldy);
-  else if (t.rows == MR) rows_tile<SCHEME, MR>(l.qsp, l.dp, l.mp, row_bytes, nb, a, t.o, y, ldy);
+  if (l.tile > 0 && t.rows == l.tile) {
+    const uint8_t* w = l.qsp + t.o * row_bytes;
+    const at::Half* mT = l.mp == nullptr ? nullptr : l.mp + t.o * nb;
+    if (l.tile == 16) rows_tiled<SCHEME, 16>(w, l.dp + t.o * nb, mT, nb, a, t.o, y, ldy);
+    else rows_tiled<SCHEME, 8>(w, l.dp + t.o * nb, mT, nb, a, t.o, y, ldy);
+  } else if (t.rows == MR) rows_tile<SCHEME, MR>(l.qsp, l.dp, l.mp, row_bytes, nb, a, t.o, y, ldy);
   else rows_tile<SCHEME, 1>(l.qsp, l.dp, l.mp, row_bytes, nb, a, t.o, y, ldy);
 }
 
@@ -230,8 +226,8 @@ inline int64_t product_grain(const Group& g, int64_t rows) {
 
 // Quantize x (R, g.in) into a8 / a4 as the group's parts need (Q4_0 and Q4_1 read the same form).
 inline void quantize_input(const Group& g, const float* x, int64_t rows, Acts& a8, Acts& a4) {
-  if (g.q8) quantize_rows(a8, x, rows, g.in, Q8_0);
-  if (g.q4) quantize_rows(a4, x, rows, g.in, Q4_0);
+  if (g.q8) quantize_rows(a8, x, rows, g.in, Q8_0, g.q8_rows, g.q8_tiles);
+  if (g.q4) quantize_rows(a4, x, rows, g.in, Q4_0, g.q4_rows, g.q4_tiles);
 }
 
 // Tiles t0 .. t1 of y (R, g.out) = [x W_p^T + b_p for each part p], x (R, g.in) and its int8 forms a8 / a4.
