@@ -25,7 +25,8 @@ Where a value came from (bench/decode_tuning.py runs the sweeps; the README keep
         no fp32 prefetch (no gain), parallel_bytes 32 KiB, one fork/join per product: the form its
         figures were measured with (not re-measured since; the one-region step is unmeasured there).
     AMD (AuthenticAMD; EPYC Zen 4, issue 23's host): see AMD_ZEN4 below.
-        The tiles: AMD 16 rows for every format (bench/results/inference_amd_epyc_tiles.json);
+        The tiles: AMD 16 rows for every format (bench/quant_tiles.py, bench/results/
+        quant_tiles_amd_epyc.json: 1.06-1.14x the rows at B = 1, 1.3-1.6x at B = 8; 8 rows no better);
         Intel keeps ggml's rows, the form its figures were measured with, until the tiles are
         measured there.
 The chosen values are printed in every bench JSON (`chosen()`), ATTNLAB_CPU_TUNING=intel|amd
