@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from attnlab.engines import FusedEngine
+from attnlab.interop.gguf_quants import from_gguf_blocks, to_gguf_blocks
 from attnlab.nn import cpu_tuning
 from attnlab.nn.quant import SCHEMES, TILES, QuantWeight, dequantize, quantize, take_rows, to_rows, to_tiles
 from attnlab.nn.quant_kernel import PREFILL_ROWS, SCHEME_ID, kernel, quant_matmul
@@ -44,6 +45,13 @@ def test_the_layouts_round_trip_exactly_and_read_the_same(scheme, tile, out):
     assert _same(take_rows(tiled, ids), take_rows(qw, ids))
     assert torch.equal(dequantize(tiled), dequantize(qw))
     assert torch.equal(dequantize(tiled, slice(1, 4)), dequantize(qw, slice(1, 4)))
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_gguf_blocks_are_written_in_ggmls_order_from_either_layout(scheme):
+    qw = quantize(_weights(rows=37, cols=128), scheme)
+    assert torch.equal(to_gguf_blocks(to_tiles(qw, 16)), to_gguf_blocks(qw))
+    assert _same(from_gguf_blocks(to_gguf_blocks(to_tiles(qw, 8)).numpy(), scheme, (37, 128)), qw)
 
 
 def test_q8_0_tiles_hold_the_kernels_unsigned_bytes():
