@@ -21,9 +21,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 #include <immintrin.h>
-#include <algorithm>
 #include <cstdint>
-#include <cstring>
 
 #include "decode_matvec.h"
 #include "quant_kernel.h"
@@ -78,48 +76,6 @@ inline __m256i to_bf16(__m512 v) {
   return _mm512_cvtepi32_epi16(_mm512_srli_epi32(b, 16));
 }
 
-// Rows o .. o + T of W in the tiled layout (quant_tiles.h) as bf16 rows of w (O, I), the same values
-// as the row form below: per tile block and dword k, 16 bytes hold 4 rows' 4 bytes each, widened,
-// scaled by each row's d (and m) and stored as 4 elements per row.
-void tile_bf16(const uint8_t* q, const at::Half* dp, const at::Half* mp, int64_t scheme, int64_t tile, int64_t nb,
-               int64_t o, uint16_t* wp) {
-  const int64_t in = nb * QK, row_bytes = scheme == Q8_0 ? in : in / 2, k_n = scheme == Q8_0 ? 8 : 4;
-  const uint8_t* base = q + o * row_bytes;
-  const __m512i quad = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-  for (int64_t b = 0; b < nb; ++b) {
-    const __m512 d16 = scales16(dp + o * nb + b * tile, tile);
-    const __m512 m16 = scheme == Q4_1 ? scales16(mp + o * nb + b * tile, tile) : _mm512_setzero_ps();
-    for (int64_t k = 0; k < k_n; ++k)
-      for (int64_t c = 0; c < tile / 4; ++c) {  // rows 4c .. 4c + 3 of the tile
-        const __m128i v = _mm_loadu_si128((const __m128i*)(base + (b * k_n + k) * tile * 4 + c * 16));
-        const __m512i rows = _mm512_add_epi32(quad, _mm512_set1_epi32((int)(4 * c)));
-        const __m512 dv = _mm512_permutexvar_ps(rows, d16);
-        __m512 lo, hi = _mm512_setzero_ps();
-        if (scheme == Q8_0) {
-          lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_xor_si128(v, _mm_set1_epi8((char)0x80)))), dv);
-        } else {
-          lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, _mm_set1_epi8(0x0F))));
-          hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0F))));
-          if (scheme == Q4_0) {
-            lo = _mm512_mul_ps(dv, _mm512_sub_ps(lo, _mm512_set1_ps(8.0f)));
-            hi = _mm512_mul_ps(dv, _mm512_sub_ps(hi, _mm512_set1_ps(8.0f)));
-          } else {
-            const __m512 mv = _mm512_permutexvar_ps(rows, m16);
-            lo = _mm512_add_ps(_mm512_mul_ps(dv, lo), mv), hi = _mm512_add_ps(_mm512_mul_ps(dv, hi), mv);
-          }
-        }
-        alignas(32) uint16_t lo16[16], hi16[16];  // row 4c + r's 4 elements at 4r
-        _mm256_store_si256((__m256i*)lo16, to_bf16(lo));
-        if (scheme != Q8_0) _mm256_store_si256((__m256i*)hi16, to_bf16(hi));
-        for (int r = 0; r < 4; ++r) {
-          uint16_t* row = wp + (o + 4 * c + r) * in + b * QK + 4 * k;
-          std::memcpy(row, lo16 + 4 * r, 8);
-          if (scheme != Q8_0) std::memcpy(row + QK / 2, hi16 + 4 * r, 8);
-        }
-      }
-  }
-}
-
 // W (O, I) as bf16: the dequantized weight (q · d, (q − 8) · d, q · d + m in fp32, then rounded),
 // for products with many rows (prefill), which a bf16 GEMM (oneDNN, AMX where present) does faster;
 // W in either layout (`tile`), the result in rows.
@@ -136,15 +92,9 @@ at::Tensor dequantize_bf16(const at::Tensor& qs, const at::Tensor& d, const c10:
   const at::Half* dp = d.data_ptr<at::Half>();
   const at::Half* mp = scheme == Q4_1 ? m->data_ptr<at::Half>() : nullptr;
   uint16_t* wp = (uint16_t*)w.data_ptr();
-  const int64_t tiled = tile == 0 ? 0 : out / tile * tile;  // rows in whole tiles
   at::parallel_for(0, out, 16, [&](int64_t o0, int64_t o1) {
     uint8_t buf[QK];
-    for (int64_t o = o0; o < o1; ++o) {
-      if (o % std::max<int64_t>(tile, 1) == 0 && o + tile <= std::min(o1, tiled)) {  // a whole tile: at once
-        tile_bf16(q, dp, mp, scheme, tile, nb, o, wp);
-        o += tile - 1;
-        continue;
-      }
+    for (int64_t o = o0; o < o1; ++o)
       for (int64_t b = 0; b < nb; ++b) {
         int64_t sc;
         const uint8_t* p = row_block(q, (int)scheme, out, nb, tile, o, b, buf, &sc);
@@ -169,7 +119,6 @@ at::Tensor dequantize_bf16(const at::Tensor& qs, const at::Tensor& d, const c10:
         _mm256_storeu_si256((__m256i*)(wp + o * in + b * QK), to_bf16(lo));
         _mm256_storeu_si256((__m256i*)(wp + o * in + b * QK + 16), to_bf16(hi));
       }
-    }
   });
   return w;
 }
