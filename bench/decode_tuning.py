@@ -46,8 +46,8 @@ def products(model, rows: int = 1) -> list:
         if isinstance(module, QuantLinear):
             qw = module.qweight
             x = torch.randn(rows, qw.shape[1])
-            out.append((lambda x=x, qw=qw: torch.ops.attnlab_quant.linear(x, qw.qs, qw.d, qw.m, SCHEME_ID[qw.scheme]),
-                        qw.nbytes()))
+            out.append((lambda x=x, qw=qw: torch.ops.attnlab_quant.linear(x, qw.qs, qw.d, qw.m, SCHEME_ID[qw.scheme],
+                                                                          qw.tile), qw.nbytes()))
         elif isinstance(module, torch.nn.Linear):
             w = module.weight.detach()
             x = torch.randn(rows, w.shape[1])

@@ -16,8 +16,9 @@ runs, median): tokens/s = B · 63 / (last step − first step), and its ratio to
 --cli: also `attnlab generate --ignore-eos --stats` at each precision (the same prompt text and token
 count; the CLI's own decode timing, its streaming to stdout included; median of 3 processes), against
 this bench's median.
-Prints one JSON line with the host (lscpu model name, flags, threads, bandwidth, GFLOP/s) and the
-per-machine tuning (nn/cpu_tuning.py).
+Prints one JSON line with the host (lscpu model name, flags, threads, bandwidth, GFLOP/s), the
+per-machine tuning (nn/cpu_tuning.py, the quantized weights' tile per format included) and the tiles
+the loaded weights are in (weight_tiles).
 
     python bench/inference.py [--pairs 5] [--threads 2] [--batches 1 4 8 16] [--cli] [--out FILE]
 """
@@ -43,7 +44,7 @@ from attnlab.jsonfile import write_json_atomic
 from attnlab.load import load_causal_lm
 from attnlab.nn import cpu_tuning
 from attnlab.nn.quant_kernel import kernel
-from attnlab.nn.quant_linear import quantized_bytes
+from attnlab.nn.quant_linear import QuantEmbedding, QuantLinear, quantized_bytes
 from attnlab.pretrained import resolve
 
 PRECISIONS = {"fp32": ("fp32", "F32"), "q8_0": ("q8_0", "Q8_0"), "q4_1": ("auto", "Q4_1"),
@@ -150,6 +151,8 @@ def main() -> None:
         dtype, kind = PRECISIONS[name]
         model = load_causal_lm("smollm2-135m", dtype)
         ids = prompt_ids(model.tokenizer, args.prompt_tokens)
+        result.setdefault("weight_tiles", {})[name] = sorted(  # the layouts the loaded weights are in (nn/quant.py)
+            {m.tile for m in model.model.modules() if isinstance(m, (QuantLinear, QuantEmbedding))})
         if peer.version() is not None:
             path = src if kind == "Q4_1" else peer.requantize(src, kind, f"{tmp}/{kind}.gguf", args.threads)
             defaults = peer.probe_defaults(path, args.threads)

@@ -20,7 +20,7 @@ from attnlab.models.gpt import GPTConfig  # noqa: E402
 from attnlab.interop.gguf import dequantize, gpt_config_from_gguf, load_gguf, unpermute_qk  # noqa: E402
 from attnlab.models.gpt import GPT  # noqa: E402
 from attnlab.nn.quant import quantize  # noqa: E402
-from attnlab.nn.quant_linear import QuantLinear, set_quantized  # noqa: E402
+from attnlab.nn.quant_linear import QuantLinear, prepare, set_quantized  # noqa: E402
 from attnlab.nn.rope import RotaryEmbedding, apply_rope  # noqa: E402
 from attnlab.tokenizers.pretokenize import token_to_unicode  # noqa: E402
 
@@ -281,7 +281,7 @@ def test_k_quant_file_loads_exactly_and_auto_keeps_it_at_q8_0(tmp_path, dtype):
             model.state_dict()[ours].copy_(torch.from_numpy(gguf.quants.dequantize(blocks_, kind)))
     if dtype == "auto":  # no K-quant (or Q5_0) kernel: those matrices held as Q8_0 of their decoded values
         for name in ("layers.0.ffn.down_proj", "layers.1.ffn.down_proj", "layers.1.ffn.up_proj"):
-            set_quantized(model, name, quantize(model.state_dict()[name + ".weight"], "q8_0"))
+            set_quantized(model, name, prepare(quantize(model.state_dict()[name + ".weight"], "q8_0")))  # as loaded
             assert isinstance(loaded.get_submodule(name), QuantLinear)
             assert loaded.get_submodule(name).qweight.scheme == "q8_0"
     ids = torch.randint(0, len(TOKENS), (1, 12))

@@ -18,7 +18,7 @@ from attnlab.interop.gguf import load_gguf  # noqa: E402
 from attnlab.interop.gguf_write import write_gguf  # noqa: E402
 from attnlab.interop.hf import save_hf  # noqa: E402
 from attnlab.models.gpt import GPT, GPTConfig  # noqa: E402
-from attnlab.nn.quant import SCHEMES, dequantize, quantize  # noqa: E402
+from attnlab.nn.quant import SCHEMES, dequantize, quantize, to_rows  # noqa: E402
 from attnlab.nn.quant_linear import QuantLinear  # noqa: E402
 
 TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
@@ -62,7 +62,8 @@ def test_quantized_round_trip_keeps_the_blocks(tmp_path, scheme):
     ffn = back.layers[1].ffn.down_proj
     assert isinstance(ffn, QuantLinear) and ffn.scheme == scheme
     ours = quantize(model.layers[1].ffn.down_proj.weight, scheme)  # == gguf.quants (tests/nn/test_quant.py)
-    assert torch.equal(ffn.qs, ours.qs) and torch.equal(ffn.d, ours.d)
+    rows = to_rows(ffn.qweight)  # held in this machine's kernel layout (nn/quant.py), the same blocks
+    assert torch.equal(rows.qs, ours.qs) and torch.equal(rows.d, ours.d)
     q = back.layers[0].self_attn.q_proj  # permuted on write, un-permuted on read: row for row
     assert torch.equal(dequantize(q.qweight), dequantize(quantize(model.layers[0].self_attn.q_proj.weight, scheme)))
     again = tmp_path / "again.gguf"  # fp32 reading of the quantized file, written again, read again

@@ -104,6 +104,24 @@ def test_cpp_kernel_equals_the_pytorch_reference(scheme):
     assert torch.allclose(a, b, rtol=1e-5, atol=1e-5 * float(b.abs().max()))
 
 
+@pytest.mark.skipif("cpp" not in IMPLS, reason="the C++ kernel is not available here")
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("out", [16, 37, 64])  # 4-row tiles only; 4-row then 1-row ones
+def test_cpp_kernel_rows_of_a_batch_get_their_bits_alone(scheme, out):
+    """The rows layout's tiles sum each output in one order whatever the number of activation rows
+    (1..PREFILL_ROWS - 1, several tile widths): a row's result is the same bits in a batch as alone,
+    and within the rounding bound of the dequantized reference (the tiled layout: test_quant_tiles.py)."""
+    qw = quantize(_weights(rows=out, cols=320, seed=3), scheme)  # NB = 10: not a multiple of 4 or 16
+    x = torch.randn(PREFILL_ROWS - 1, 320) * torch.linspace(0.1, 20, 320)
+    batched = quant_matmul(x, qw, "cpp")
+    for rows in (1, 5, 8, 11):
+        assert torch.equal(quant_matmul(x[:rows], qw, "cpp"), batched[:rows])
+    for r in range(x.shape[0]):
+        assert torch.equal(quant_matmul(x[r:r + 1], qw, "cpp")[0], batched[r])
+    ref = quant_matmul(x, qw, "torch")
+    assert torch.allclose(batched, ref, rtol=1e-5, atol=1e-5 * float(ref.abs().max()))
+
+
 def tiny_llama(tied=True) -> GPT:
     torch.manual_seed(0)
     cfg = GPTConfig.from_name("llama", vocab_size=96, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128,

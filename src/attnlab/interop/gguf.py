@@ -27,7 +27,7 @@ from attnlab.errors import UserError
 from attnlab.interop.gguf_quants import TYPES, dequantize, from_gguf_blocks
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.nn.quant import SCHEMES, QuantWeight, quantize
-from attnlab.nn.quant_linear import check_dtype, set_dtype, set_quantized
+from attnlab.nn.quant_linear import check_dtype, prepare, set_dtype, set_quantized
 from attnlab.tokenizers.bpe import ByteLevelBPE
 from attnlab.tokenizers.gguf import tokenizer_from_metadata
 
@@ -203,7 +203,7 @@ def _load_weights(reader, model: GPT, tied: bool, dtype: str) -> None:
         heads = cfg.n_heads if ".attn_q." in g else cfg.kv_heads if ".attn_k." in g else None
         scheme = _target(t, dtype)
         if scheme is not None:
-            quantized[ours] = _quantized(t, g, scheme, own[ours].shape, heads)
+            quantized[ours] = prepare(_quantized(t, g, scheme, own[ours].shape, heads))  # the kernel's layout, once
             continue
         w = dequantize(t.data, t.tensor_type, own[ours].shape, g)
         state[ours] = torch.from_numpy(w if heads is None else unpermute_qk(w, heads))

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from attnlab.errors import UserError
-from attnlab.nn.quant import BLOCK, QS_BYTES, SCALES, SCHEMES, QuantWeight, dequantize as dequantize_blocks
+from attnlab.nn.quant import BLOCK, QS_BYTES, SCALES, SCHEMES, QuantWeight, dequantize as dequantize_blocks, to_rows
 
 GGML_TYPE = {"q8_0": 8, "q4_0": 2, "q4_1": 3}  # ggml type ids (gguf.GGMLQuantizationType) of our schemes
 BLOCK_BYTES = {s: 2 * len(SCALES[s]) + QS_BYTES[s] for s in SCHEMES}  # a GGUF block: fp16 d [m], then qs
@@ -62,7 +62,9 @@ def from_gguf_blocks(raw, scheme: str, shape: tuple[int, int]) -> QuantWeight:
 
 
 def to_gguf_blocks(qw: QuantWeight) -> torch.Tensor:
-    """The GGUF bytes of a QuantWeight: (O, NB · bytes per block) uint8, each block d [m] qs."""
+    """The GGUF bytes of a QuantWeight in either layout (nn/quant.py): (O, NB · bytes per block)
+    uint8, each block d [m] qs in ggml's row order."""
+    qw = to_rows(qw)
     rows, cols = qw.shape
     nb = cols // BLOCK
     parts = [qw.d.contiguous().view(torch.uint8).reshape(rows, nb, 2)]

@@ -12,14 +12,26 @@ different CPUs, so a few settings are chosen per CPU kind from /proc/cpuinfo, by
     linear_form    how nn/linear.py computes a few-row fp32 product: "cpp" (decode_matvec.h's
                    AVX512 kernel, where the extension builds), "bmm" (a batched product over 4 row
                    blocks) or "blas" (F.linear); results agree up to fp32 summation order
+    tile_q8_0, tile_q4_0, tile_q4_1
+                   the layout a quantized weight is prepared in for the kernel, per format
+                   (nn/quant.py QuantWeight.tile, made once by nn/quant_linear.py prepare): 0 = ggml's
+                   rows (4-row tiles), 16 / 8 = the kernel's 16- / 8-row tiles (nn/quant_tiles.h).
+                   16 and 8 give the same bits; 0 adds in another order (results agree up to fp32
+                   summation order). Never chosen by the batch size: a sequence decoded in a batch
+                   keeps the bits it gets alone.
 
 Where a value came from (bench/decode_tuning.py runs the sweeps; the README keeps the tables):
     Intel (GenuineIntel; Sapphire Rapids, issue 17's host): prefetch_q 3072 (1.3-2× on Q8_0 / Q4_1),
         no fp32 prefetch (no gain), parallel_bytes 32 KiB, one fork/join per product: the form its
         figures were measured with (not re-measured since; the one-region step is unmeasured there).
     AMD (AuthenticAMD; EPYC Zen 4, issue 23's host): see AMD_ZEN4 below.
-The chosen values are printed in every bench JSON (`chosen()`), and ATTNLAB_CPU_TUNING=intel|amd
-forces one kind's row (to compare them on one machine).
+        The tiles: AMD 16 rows for every format (bench/quant_tiles.py, bench/results/
+        quant_tiles_amd_epyc.json: 1.06-1.14x the rows at B = 1, 1.3-1.6x at B = 8; 8 rows no better);
+        Intel keeps ggml's rows, the form its figures were measured with, until the tiles are
+        measured there.
+The chosen values are printed in every bench JSON (`chosen()`), ATTNLAB_CPU_TUNING=intel|amd
+forces one kind's row and ATTNLAB_QUANT_TILE=0|8|16 one tile for every format (to compare them on one
+machine; read when a weight is prepared).
 """
 from __future__ import annotations
 
@@ -29,6 +41,8 @@ from pathlib import Path
 
 from attnlab.errors import UserError
 ENV = "ATTNLAB_CPU_TUNING"  # "intel" / "amd": use that kind's row whatever this CPU is
+TILE_ENV = "ATTNLAB_QUANT_TILE"  # "0" / "8" / "16": that layout for every format (module doc)
+TILES = (0, 8, 16)  # = nn/quant.py TILES
 
 
 @dataclass(frozen=True)
@@ -39,18 +53,33 @@ class Tuning:
     one_region: int       # 1 or 0 (module doc)
     prefetch_l2: int      # 1 or 0 (module doc)
     linear_form: str      # "cpp", "bmm" or "blas" (module doc)
+    tile_q8_0: int = 0    # rows per kernel tile of a prepared weight, per format: 0, 8 or 16 (module doc)
+    tile_q4_0: int = 0
+    tile_q4_1: int = 0
 
 
 INTEL_SPR = Tuning(prefetch_q=3072, prefetch_f32=0, parallel_bytes=1 << 15, one_region=0, prefetch_l2=0,
                    linear_form="cpp")
 AMD_ZEN4 = Tuning(prefetch_q=4096, prefetch_f32=16384, parallel_bytes=1 << 15, one_region=1, prefetch_l2=1,
-                  linear_form="cpp")
+                  linear_form="cpp", tile_q8_0=16, tile_q4_0=16, tile_q4_1=16)
 ROWS = {"intel": INTEL_SPR, "amd": AMD_ZEN4}
+NOT_KERNEL = ("linear_form", "tile_q8_0", "tile_q4_0", "tile_q4_1")  # chosen in Python, not set in the extension
 
 
 def kernel_settings(row: Tuning) -> dict[str, int]:
     """The row's values the C++ extension takes (nn/quant_kernel.py set_tuning)."""
-    return {k: v for k, v in asdict(row).items() if k != "linear_form"}
+    return {k: v for k, v in asdict(row).items() if k not in NOT_KERNEL}
+
+
+def quant_tile(scheme: str, info: dict | None = None) -> int:
+    """The kernel layout this machine prepares a `scheme` weight in (module doc): 0, 8 or 16;
+    ATTNLAB_QUANT_TILE overrides (a bad value is named)."""
+    forced = os.environ.get(TILE_ENV, "")
+    if forced:
+        if forced not in map(str, TILES):
+            raise UserError(f"{TILE_ENV}={forced!r}: must be one of {', '.join(map(str, TILES))}")
+        return int(forced)
+    return getattr(choose(info), f"tile_{scheme}")
 
 
 def cpu_info(path: str = "/proc/cpuinfo") -> dict:
@@ -96,7 +125,9 @@ def chosen(kernel_built: bool) -> dict:
     run: "cpp" needs the extension, else "bmm" on AMD and "blas" elsewhere)."""
     info = cpu_info()
     row = choose(info)
-    return {"cpu": info, "tuning_row": kind(info), **asdict(row), "linear_form": linear_form(kernel_built, info)}
+    tiles = {f"tile_{s}": quant_tile(s, info) for s in ("q8_0", "q4_0", "q4_1")}
+    return {"cpu": info, "tuning_row": kind(info), **asdict(row), "linear_form": linear_form(kernel_built, info),
+            **tiles}
 
 
 def linear_form(kernel_built: bool, info: dict | None = None) -> str:

@@ -9,7 +9,11 @@
 // of 4 weight rows × up to 4 x rows shares the loads.
 // Quantized: x is quantized once per 32-block (quant_kernel.h), then each block's 32 int8 products
 // are summed exactly in int32, as in torch.ops.attnlab_quant.linear (same tile code, same result).
-// Rows are split over at::parallel_for in tiles of MR rows; a product smaller than parallel_bytes per
+// A quantized weight comes in one of two layouts (nn/quant.py QuantWeight.tile): ggml's rows, read in
+// tiles of MR and 1 rows (quant_kernel.h), or the kernel's T-row tiles (T = 16 or 8, quant_tiles.h),
+// the last O % T rows in tiles of MR and 1; each output row's arithmetic depends on the layout and its
+// row only. fp32: tiles of MR rows.
+// Rows are split over at::parallel_for in tiles; a product smaller than parallel_bytes per
 // thread runs on the calling thread (waking a thread costs more than it saves). Before a tile, the
 // weights of the tile about prefetch_bytes further on are prefetched (quantized: qs; fp32: w): on the
 // Intel host of issue 17, 1.3-2× faster Q8_0 / Q4_1 decoding than the hardware prefetcher alone, no
@@ -27,6 +31,7 @@
 
 #include "decode_team.h"
 #include "quant_kernel.h"
+#include "quant_tiles.h"
 
 namespace attnlab_decode {
 
@@ -50,6 +55,7 @@ inline Tuning& tuning() {  // one instance in the extension (an inline function'
 struct Linear {  // one (O, I) weight and its bias; the tensors are held so the pointers stay valid
   int kind = F32;
   int64_t out = 0, in = 0, offset = 0;  // offset: first row of this part in its group's output
+  int64_t tile = 0;                     // the quantized layout: 0 = ggml's rows, T = T-row tiles (nn/quant.py)
   at::Tensor w, qs, d, m, bias;
   const float* wp = nullptr;
   const uint8_t* qsp = nullptr;
@@ -68,11 +74,19 @@ inline at::Tensor checked_vector(const at::Tensor& t, int64_t n, const char* wha
   return t;
 }
 
+inline void check_tile(int64_t kind, int64_t tile) {
+  TORCH_CHECK(tile == 0 || ((tile == 8 || tile == 16) && kind != F32),
+              "tile must be 0 (rows), or 8 / 16 for a quantized weight (nn/quant.py TILES)");
+}
+
 // A weight (O, I) read in place: kind 0..2 = q8_0 / q4_0 / q4_1 with tensors [qs, d] or [qs, d, m]
-// (nn/quant.py), kind 3 = fp32 with [w]; bias (O,) fp32 or none.
-inline Linear make_linear(int64_t kind, const std::vector<at::Tensor>& tensors, const c10::optional<at::Tensor>& bias) {
+// (nn/quant.py) in layout `tile`, kind 3 = fp32 with [w] (tile 0); bias (O,) fp32 or none.
+inline Linear make_linear(int64_t kind, const std::vector<at::Tensor>& tensors, const c10::optional<at::Tensor>& bias,
+                          int64_t tile) {
+  check_tile(kind, tile);
   Linear l;
   l.kind = (int)kind;
+  l.tile = tile;
   if (kind == F32) {
     TORCH_CHECK(tensors.size() == 1, "an fp32 weight is [w]");
     l.w = tensors[0];
@@ -108,31 +122,38 @@ struct Tile {  // rows o .. o + rows − 1 of part `part`
   int64_t o, rows;
   const char* w = nullptr;  // its weight bytes (qs, or fp32 rows), and how many
   int64_t bytes = 0;
-  const char* scales = nullptr;  // its fp16 scales d (and m), and how many bytes of each
-  int64_t scale_bytes = 0;
+  const char* scales = nullptr;  // its fp16 scales d and m (or none), and how many bytes of each
+  const char* mins = nullptr;
+  int64_t scale_bytes = 0;       // (both layouts keep a tile's bytes and its scales contiguous)
 };
 
 struct Group {  // parts of one input, outputs concatenated
   std::vector<Linear> parts;
   std::vector<Tile> tiles;
   int64_t in = 0, out = 0, bytes = 0;
-  bool q8 = false, q4 = false;  // which activation quantizations the parts need
+  bool q8 = false, q4 = false;  // which activation quantizations the parts need, and in which forms:
+  bool q8_rows = false, q8_tiles = false, q4_rows = false, q4_tiles = false;  // row layout's / tiles'
 
   void add(Linear l) {
     TORCH_CHECK(parts.empty() || l.in == in, "the parts of a group must share in_features");
     in = l.in;
     l.offset = out;
     out += l.out;
-    q8 |= l.kind == Q8_0;
-    q4 |= l.kind == Q4_0 || l.kind == Q4_1;
+    const bool tiled = l.tile > 0 && l.out >= l.tile, rowwise = l.tile == 0 || l.out % l.tile != 0;
+    q8 |= l.kind == Q8_0, q8_rows |= l.kind == Q8_0 && rowwise, q8_tiles |= l.kind == Q8_0 && tiled;
+    const bool k4 = l.kind == Q4_0 || l.kind == Q4_1;
+    q4 |= k4, q4_rows |= k4 && rowwise, q4_tiles |= k4 && tiled;
     const int p = (int)parts.size();
     const int64_t row_bytes = l.kind == F32 ? l.in * 4 : l.kind == Q8_0 ? l.in : l.in / 2;
     const char* base = l.kind == F32 ? (const char*)l.wp : (const char*)l.qsp;
     const int64_t nb = l.in / QK;
-    for (int64_t o = 0; o < l.out;) {
-      const int64_t rows = o + MR <= l.out ? MR : 1;
+    for (int64_t o = 0; o < l.out;) {  // tiled layout: tiles of T rows, then (and in the row layout) MR and 1
+      const int64_t rows = l.tile > 0 && o + l.tile <= l.out ? l.tile : o + MR <= l.out ? MR : 1;
       Tile t{p, o, rows, base + o * row_bytes, rows * row_bytes};
-      if (l.kind != F32) t.scales = (const char*)(l.dp + o * nb), t.scale_bytes = rows * nb * 2;
+      if (l.kind != F32) {
+        t.scales = (const char*)(l.dp + o * nb), t.scale_bytes = rows * nb * 2;
+        if (l.kind == Q4_1) t.mins = (const char*)(l.mp + o * nb);
+      }
       tiles.push_back(t);
       o += rows;
     }
@@ -188,7 +209,12 @@ inline void f32_rows(const float* w, int64_t in, const float* x, int64_t rows, i
 template <int SCHEME>
 inline void quant_rows(const Linear& l, const Acts& a, const Tile& t, float* y, int64_t ldy) {
   const int64_t nb = l.in / QK, row_bytes = SCHEME == Q8_0 ? l.in : l.in / 2;
-  if (t.rows == MR) rows_tile<SCHEME, MR>(l.qsp, l.dp, l.mp, row_bytes, nb, a, t.o, y, ldy);
+  if (l.tile > 0 && t.rows == l.tile) {
+    const uint8_t* w = l.qsp + t.o * row_bytes;
+    const at::Half* mT = l.mp == nullptr ? nullptr : l.mp + t.o * nb;
+    if (l.tile == 16) rows_tiled<SCHEME, 16>(w, l.dp + t.o * nb, mT, nb, a, t.o, y, ldy);
+    else rows_tiled<SCHEME, 8>(w, l.dp + t.o * nb, mT, nb, a, t.o, y, ldy);
+  } else if (t.rows == MR) rows_tile<SCHEME, MR>(l.qsp, l.dp, l.mp, row_bytes, nb, a, t.o, y, ldy);
   else rows_tile<SCHEME, 1>(l.qsp, l.dp, l.mp, row_bytes, nb, a, t.o, y, ldy);
 }
 
@@ -200,8 +226,8 @@ inline int64_t product_grain(const Group& g, int64_t rows) {
 
 // Quantize x (R, g.in) into a8 / a4 as the group's parts need (Q4_0 and Q4_1 read the same form).
 inline void quantize_input(const Group& g, const float* x, int64_t rows, Acts& a8, Acts& a4) {
-  if (g.q8) quantize_rows(a8, x, rows, g.in, Q8_0);
-  if (g.q4) quantize_rows(a4, x, rows, g.in, Q4_0);
+  if (g.q8) quantize_rows(a8, x, rows, g.in, Q8_0, g.q8_rows, g.q8_tiles);
+  if (g.q4) quantize_rows(a4, x, rows, g.in, Q4_0, g.q4_rows, g.q4_tiles);
 }
 
 // Tiles t0 .. t1 of y (R, g.out) = [x W_p^T + b_p for each part p], x (R, g.in) and its int8 forms a8 / a4.
@@ -217,7 +243,6 @@ inline void product_tiles(const Group& g, const float* x, const Acts& a8, const 
       const int64_t ahead = std::max<int64_t>(1, (distance + t.bytes / 2) / t.bytes);
       if (i + ahead < t1) {
         const Tile& next = g.tiles[i + ahead];
-        const Linear& nl = g.parts[next.part];
         if (tune.prefetch_l2) {
           for (int64_t b = 0; b < next.bytes; b += 64) _mm_prefetch(next.w + b, _MM_HINT_T1);
         } else {
@@ -225,7 +250,7 @@ inline void product_tiles(const Group& g, const float* x, const Acts& a8, const 
         }
         for (int64_t b = 0; b < next.scale_bytes; b += 64) {
           _mm_prefetch(next.scales + b, _MM_HINT_T0);
-          if (nl.mp != nullptr) _mm_prefetch((const char*)nl.mp + (next.scales - (const char*)nl.dp) + b, _MM_HINT_T0);
+          if (next.mins != nullptr) _mm_prefetch(next.mins + b, _MM_HINT_T0);
         }
       }
     }

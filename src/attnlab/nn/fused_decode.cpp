@@ -64,9 +64,10 @@ class DecodePlan : public torch::CustomClassHolder {
   }
 
   // A weight (O, I): kind 0..2 = q8_0 / q4_0 / q4_1 with tensors [qs, d] or [qs, d, m] (nn/quant.py),
-  // kind 3 = fp32 with [w]; bias (O,) fp32 or none. Returns its id for add_layer / set_output.
-  int64_t add_linear(int64_t kind, std::vector<at::Tensor> tensors, c10::optional<at::Tensor> bias) {
-    linears_.push_back(make_linear(kind, tensors, bias));
+  // kind 3 = fp32 with [w]; bias (O,) fp32 or none; tile: the quantized layout (0 = rows, nn/quant.py).
+  // Returns its id for add_layer / set_output.
+  int64_t add_linear(int64_t kind, std::vector<at::Tensor> tensors, c10::optional<at::Tensor> bias, int64_t tile) {
+    linears_.push_back(make_linear(kind, tensors, bias, tile));
     return (int64_t)linears_.size() - 1;
   }
 
@@ -138,16 +139,17 @@ void DecodePlan::embed(int64_t token, float* x) const {
     return;
   }
   const int64_t nb = d_ / QK;
+  uint8_t buf[QK];
   for (int64_t b = 0; b < nb; ++b) {
-    const float d = (float)e.dp[token * nb + b];
+    int64_t sc;  // the block's bytes in ggml's order and its scales, in either layout (quant_tiles.h)
+    const uint8_t* q = row_block(e.qsp, e.kind, e.out, nb, e.tile, token, b, buf, &sc);
+    const float d = (float)e.dp[sc];
     float* xb = x + b * QK;
     if (e.kind == Q8_0) {
-      const int8_t* q = (const int8_t*)e.qsp + token * d_ + b * QK;
-      for (int i = 0; i < QK; ++i) xb[i] = (float)q[i] * d;
+      for (int i = 0; i < QK; ++i) xb[i] = (float)(int8_t)q[i] * d;
       continue;
     }
-    const uint8_t* q = e.qsp + token * d_ / 2 + b * QK / 2;
-    const float m = e.kind == Q4_1 ? (float)e.mp[token * nb + b] : 0.0f;
+    const float m = e.kind == Q4_1 ? (float)e.mp[sc] : 0.0f;
     for (int i = 0; i < QK / 2; ++i) {
       const int lo = q[i] & 0x0F, hi = q[i] >> 4;
       if (e.kind == Q4_0) xb[i] = d * (float)(lo - 8), xb[i + QK / 2] = d * (float)(hi - 8);

@@ -46,19 +46,20 @@ class NotSupported(UserError):
     """What the fused step cannot run (the message says what); the caller keeps the PyTorch path."""
 
 
-def _weight(module: nn.Module, name: str) -> tuple[int, list[torch.Tensor], torch.Tensor | None]:
-    """(kind, tensors, bias) of a Linear / Embedding the plan can read in place.
+def _weight(module: nn.Module, name: str) -> tuple[int, list[torch.Tensor], torch.Tensor | None, int]:
+    """(kind, tensors, bias, tile) of a Linear / Embedding the plan can read in place (tile: the
+    quantized weight's layout, nn/quant.py; 0 for fp32).
 
     Raises:
         NotSupported: another module, dtype or device, or a quantized row of an odd number of blocks.
     """
     if isinstance(module, (QuantLinear, QuantEmbedding)):
         qw = module.qweight
-        kind, tensors = SCHEME_ID[qw.scheme], [t for t in (qw.qs, qw.d, qw.m) if t is not None]
+        kind, tensors, tile = SCHEME_ID[qw.scheme], [t for t in (qw.qs, qw.d, qw.m) if t is not None], qw.tile
         if qw.d.shape[1] % 2:
             raise NotSupported(f"{name}: {qw.d.shape[1]} blocks per row (the kernel reads two at a time)")
     elif isinstance(module, (nn.Linear, nn.Embedding)):
-        kind, tensors = F32, [module.weight.detach()]
+        kind, tensors, tile = F32, [module.weight.detach()], 0
         if module.weight.dtype != torch.float32:
             raise NotSupported(f"{name}: {module.weight.dtype} weights (fp32 or block-quantized only)")
     else:
@@ -67,7 +68,7 @@ def _weight(module: nn.Module, name: str) -> tuple[int, list[torch.Tensor], torc
     if not all(t.device.type == "cpu" and t.is_contiguous() for t in tensors) or (
             bias is not None and (bias.dtype != torch.float32 or bias.device.type != "cpu")):
         raise NotSupported(f"{name}: weights not contiguous fp32 / block-quantized on the CPU")
-    return kind, tensors, None if bias is None else bias.detach().contiguous()
+    return kind, tensors, None if bias is None else bias.detach().contiguous(), tile
 
 
 def _norm(module: nn.Module, name: str) -> tuple[torch.Tensor, float]:

@@ -16,6 +16,12 @@ reproduces them bit for bit): Q8_0 d = max|x| / 127, q = round-half-away(x / d);
 m = min, q = min(15, trunc((x − min) / d + 0.5)); the fp32 d is used for q and then stored as fp16.
 Activations (the kernel's other operand) are quantized the Q8_0 way per 32-block of each row, with
 an fp32 scale and round-half-to-even (what the SIMD conversion does): `quantize_activations`.
+Two layouts of the same bytes (QuantWeight.tile): 0, the rows above (ggml's, what files hold), and
+T > 0, the C++ kernel's T-row tiles (issue 23; nn/quant_tiles.h reads them): the first ⌊O/T⌋·T rows
+in tiles of T rows, each tile's qs as (NB, K, T, 4) (K = bytes per block / 4: dword k of block b of
+the tile's T rows side by side, one vector per (b, k) with row i in lane i), Q8_0's bytes stored as
+q XOR 0x80 (= q + 128 unsigned, the kernel's operand), and its d / m as (NB, T); the last O % T rows
+as in layout 0. Same shapes, dtypes and bytes: `to_tiles` / `to_rows` convert, exactly.
 Source: ggml (llama.cpp) ggml-common.h, ggml-quants.c; gguf-py gguf/quants.py.
 """
 from __future__ import annotations
@@ -30,17 +36,19 @@ BLOCK = 32                                  # weights per block
 SCHEMES = ("q8_0", "q4_0", "q4_1")          # block types a QuantLinear holds
 QS_BYTES = {"q8_0": BLOCK, "q4_0": BLOCK // 2, "q4_1": BLOCK // 2}  # bytes of qs per block (8 or 4 bits a weight)
 SCALES = {"q8_0": ("d",), "q4_0": ("d",), "q4_1": ("d", "m")}       # fp16 scales per block, in ggml's order
+TILES = (0, 8, 16)                          # QuantWeight.tile: 0 = ggml's rows, else rows per kernel tile
 
 
 @dataclass
 class QuantWeight:
     """One block-quantized (O, I) matrix: qs (O, I) int8 or (O, I/2) uint8, d (O, NB) fp16 and, for
-    q4_1, m (O, NB) fp16 (None otherwise)."""
+    q4_1, m (O, NB) fp16 (None otherwise); tile: their layout (module doc: 0 = rows, T = T-row tiles)."""
 
     scheme: str
     qs: torch.Tensor
     d: torch.Tensor
     m: torch.Tensor | None = None
+    tile: int = 0
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -116,9 +124,84 @@ def quantize(w: torch.Tensor, scheme: str) -> QuantWeight:
                        lo.to(torch.float16).reshape(rows, -1))
 
 
+def _tile_view(t: torch.Tensor, tiles: int, tile: int, k: int, packed: bool) -> torch.Tensor:
+    """The first tiles·tile rows of t (qs: NB·k·4 bytes a row; scales: k = 0, NB a row) as
+    (tiles, tile, NB, k, 4) in rows order, or (tiles, NB, k, tile, 4) in tiled order."""
+    k, width = max(k, 1), 4 if k else 1
+    nb = t.shape[1] // (k * width)
+    head = t[:tiles * tile]
+    return head.reshape(tiles, nb, k, tile, width) if packed else head.reshape(tiles, tile, nb, k, width)
+
+
+def _relayout(qw: QuantWeight, tile: int, packed: bool) -> QuantWeight:
+    """qw (in layout `tile` when packed, else in rows) in the other layout: new tensors."""
+    tiles, k = qw.d.shape[0] // tile, QS_BYTES[qw.scheme] // 4
+    order = (0, 3, 1, 2, 4) if packed else (0, 2, 3, 1, 4)
+
+    def convert(t: torch.Tensor, kk: int) -> torch.Tensor:
+        out = t.clone()
+        out[:tiles * tile] = _tile_view(t, tiles, tile, kk, packed).permute(*order).reshape(tiles * tile, t.shape[1])
+        return out
+
+    qs = convert(qw.qs.view(torch.uint8), k)
+    if qw.scheme == "q8_0":  # the tiles hold q + 128 (unsigned), rows hold q
+        qs[:tiles * tile] ^= 0x80
+        qs = qs.view(torch.int8)
+    return QuantWeight(qw.scheme, qs, convert(qw.d, 0), None if qw.m is None else convert(qw.m, 0),
+                       0 if packed else tile)
+
+
+def _check_tile(tile: int) -> None:
+    if tile not in TILES:
+        raise UserError(f"tile={tile!r}: must be one of {', '.join(map(str, TILES))} (rows per kernel tile; 0 = rows)")
+
+
+def to_tiles(qw: QuantWeight, tile: int) -> QuantWeight:
+    """qw in the kernel's layout of `tile` rows per tile (module doc): new tensors, or qw itself when
+    it is in that layout already; tile 0: to_rows(qw).
+
+    Raises:
+        UserError: tile not in TILES.
+    """
+    _check_tile(tile)
+    if qw.tile == tile:
+        return qw
+    qw = to_rows(qw)
+    return qw if tile == 0 else _relayout(qw, tile, packed=False)
+
+
+def to_rows(qw: QuantWeight) -> QuantWeight:
+    """qw in layout 0 (ggml's rows): itself when it is, else new tensors (the exact inverse of to_tiles)."""
+    return qw if qw.tile == 0 else _relayout(qw, qw.tile, packed=True)
+
+
+def take_rows(qw: QuantWeight, ids: torch.Tensor) -> QuantWeight:
+    """Rows `ids` (N,) int64 of qw in layout 0, whatever qw's layout: (N, ·) tensors (an embedding
+    lookup; only these rows are read)."""
+    rows = QuantWeight(qw.scheme, qw.qs[ids], qw.d[ids], None if qw.m is None else qw.m[ids])
+    tiles = qw.d.shape[0] // qw.tile if qw.tile else 0
+    if tiles == 0:
+        return rows
+    inside = (ids < tiles * qw.tile)[:, None]
+    t, i = torch.where(inside[:, 0], ids // qw.tile, 0), torch.where(inside[:, 0], ids % qw.tile, 0)
+
+    def take(x: torch.Tensor, kk: int, flat: torch.Tensor) -> torch.Tensor:
+        found = _tile_view(x, tiles, qw.tile, kk, packed=True)[t, :, :, i, :].reshape(len(ids), -1)
+        return torch.where(inside, found, flat)
+
+    qs = take(qw.qs.view(torch.uint8), QS_BYTES[qw.scheme] // 4, rows.qs.view(torch.uint8))
+    if qw.scheme == "q8_0":
+        qs = torch.where(inside, qs ^ 0x80, qs).view(torch.int8)
+    return QuantWeight(qw.scheme, qs, take(qw.d, 0, rows.d), None if qw.m is None else take(qw.m, 0, rows.m))
+
+
 def dequantize(qw: QuantWeight, rows: slice | None = None) -> torch.Tensor:
     """The fp32 weight (O, I) a QuantWeight stands for (optionally only `rows`), with gguf-py's
-    operation order: q · d, (q − 8) · d, q · d + m."""
+    operation order: q · d, (q − 8) · d, q · d + m; either layout (a tiled one through a rows copy of
+    what is asked for: to_rows, or take_rows of `rows`)."""
+    if qw.tile:
+        qw = to_rows(qw) if rows is None else take_rows(qw, torch.arange(qw.d.shape[0])[rows])
+        rows = None
     sl = rows if rows is not None else slice(None)
     qs, d = qw.qs[sl], qw.d[sl].to(torch.float32)
     o, nb = d.shape
@@ -143,4 +226,4 @@ def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     b = x.reshape(r, i // BLOCK, BLOCK)
     d = b.abs().amax(dim=-1, keepdim=True) / 127  # (R, NB, 1)
     q = torch.round(b * _inverse(d)).to(torch.int8)
-    return q.reshape(r, i), d.reshape(r, -1)
+    return q.reshape(r, i), d.reshape(r, i // BLOCK)

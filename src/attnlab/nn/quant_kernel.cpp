@@ -11,7 +11,9 @@
 //   Q4_0  y = Σ_b dw_b dx_b (Σ_i q_i qx_i − 8 S_b),   S_b = Σ_i qx_i   (W unsigned 0..15, x signed)
 //   Q4_1  y = Σ_b dw_b dx_b Σ_i q_i qx_i + Σ_b m_b dx_b S_b
 // The result is, up to fp32 summation order, F.linear(dequantize(x_q8), dequantize(W)).
-// Two 32-blocks fill one 512-bit vector; a tile of 4 weight rows × up to 4 x rows shares loads.
+// W comes in ggml's row layout (read in tiles of 4 weight rows × up to 4 x rows; two 32-blocks fill one
+// 512-bit vector) or in the kernel's T-row tiles made once when the weight is prepared (`tile`,
+// nn/quant.py to_tiles; quant_tiles.h).
 // The products are decode_matvec.h's (the fused step's own): rows of W split over at::parallel_for
 // (torch's intra-op threads), prefetched per the machine's Tuning; linear_f32 is its fp32 form.
 // Source: ggml-cpu quants.c ggml_vec_dot_q8_0_q8_0 / q4_0_q8_0 / q4_1_q8_1 (same block algebra).
@@ -29,10 +31,10 @@ namespace {
 using namespace attnlab_q8;
 
 // y (R, O) = x (R, I) · Wᵀ through the decode products (decode_matvec.h), W given as `tensors`
-at::Tensor product(const at::Tensor& x, int64_t kind, const std::vector<at::Tensor>& tensors) {
+at::Tensor product(const at::Tensor& x, int64_t kind, const std::vector<at::Tensor>& tensors, int64_t tile) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_cpu(), "x must be (R, I) float32 on the CPU");
   attnlab_decode::Group g;
-  g.add(attnlab_decode::make_linear(kind, tensors, c10::nullopt));
+  g.add(attnlab_decode::make_linear(kind, tensors, c10::nullopt, tile));
   TORCH_CHECK(x.size(1) == g.in, "x has ", x.size(1), " features, the weight ", g.in);
   at::Tensor xc = x.contiguous();
   at::Tensor y = at::empty({x.size(0), g.out}, x.options());
@@ -43,15 +45,15 @@ at::Tensor product(const at::Tensor& x, int64_t kind, const std::vector<at::Tens
 }
 
 at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d,
-                        const c10::optional<at::Tensor>& m, int64_t scheme) {
+                        const c10::optional<at::Tensor>& m, int64_t scheme, int64_t tile) {
   TORCH_CHECK(scheme >= 0 && scheme <= 2, "scheme must be 0 (q8_0), 1 (q4_0) or 2 (q4_1)");
   TORCH_CHECK(scheme != Q4_1 || m.has_value(), "q4_1 needs m of d's shape");
   std::vector<at::Tensor> tensors{qs, d};
   if (scheme == Q4_1) tensors.push_back(*m);
-  return product(x, scheme, tensors);
+  return product(x, scheme, tensors, tile);
 }
 
-at::Tensor linear_f32(const at::Tensor& x, const at::Tensor& w) { return product(x, attnlab_decode::F32, {w}); }
+at::Tensor linear_f32(const at::Tensor& x, const at::Tensor& w) { return product(x, attnlab_decode::F32, {w}, 0); }
 
 // The per-machine Tuning (decode_matvec.h), as [parallel_bytes, prefetch_q, prefetch_f32, one_region,
 // prefetch_l2] (nn/quant_kernel.py TUNING_FIELDS): set once by nn/cpu_tuning.py; speed only, never a result
@@ -75,9 +77,11 @@ inline __m256i to_bf16(__m512 v) {
 }
 
 // W (O, I) as bf16: the dequantized weight (q · d, (q − 8) · d, q · d + m in fp32, then rounded),
-// for products with many rows (prefill), which a bf16 GEMM (oneDNN, AMX where present) does faster.
+// for products with many rows (prefill), which a bf16 GEMM (oneDNN, AMX where present) does faster;
+// W in either layout (`tile`), the result in rows.
 at::Tensor dequantize_bf16(const at::Tensor& qs, const at::Tensor& d, const c10::optional<at::Tensor>& m,
-                           int64_t scheme) {
+                           int64_t scheme, int64_t tile) {
+  attnlab_decode::check_tile(scheme, tile);
   TORCH_CHECK(d.dim() == 2 && d.scalar_type() == at::kHalf && d.is_contiguous(), "d must be (O, NB) float16");
   const int64_t out = d.size(0), nb = d.size(1), in = nb * QK;
   TORCH_CHECK(qs.is_contiguous() && qs.numel() == out * (scheme == Q8_0 ? in : in / 2), "qs does not match d");
@@ -89,24 +93,26 @@ at::Tensor dequantize_bf16(const at::Tensor& qs, const at::Tensor& d, const c10:
   const at::Half* mp = scheme == Q4_1 ? m->data_ptr<at::Half>() : nullptr;
   uint16_t* wp = (uint16_t*)w.data_ptr();
   at::parallel_for(0, out, 16, [&](int64_t o0, int64_t o1) {
+    uint8_t buf[QK];
     for (int64_t o = o0; o < o1; ++o)
       for (int64_t b = 0; b < nb; ++b) {
-        const __m512 dv = _mm512_set1_ps((float)dp[o * nb + b]);
+        int64_t sc;
+        const uint8_t* p = row_block(q, (int)scheme, out, nb, tile, o, b, buf, &sc);
+        const __m512 dv = _mm512_set1_ps((float)dp[sc]);
         __m512 lo, hi;
         if (scheme == Q8_0) {
-          const uint8_t* p = q + o * in + b * QK;
           lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
           hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(p + 16))));
           lo = _mm512_mul_ps(lo, dv), hi = _mm512_mul_ps(hi, dv);
         } else {
-          __m128i v = _mm_loadu_si128((const __m128i*)(q + o * in / 2 + b * 16));
+          __m128i v = _mm_loadu_si128((const __m128i*)p);
           lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, _mm_set1_epi8(0x0F))));
           hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0F))));
           if (scheme == Q4_0) {
             lo = _mm512_mul_ps(dv, _mm512_sub_ps(lo, _mm512_set1_ps(8.0f)));
             hi = _mm512_mul_ps(dv, _mm512_sub_ps(hi, _mm512_set1_ps(8.0f)));
           } else {
-            const __m512 mv = _mm512_set1_ps((float)mp[o * nb + b]);
+            const __m512 mv = _mm512_set1_ps((float)mp[sc]);
             lo = _mm512_add_ps(_mm512_mul_ps(dv, lo), mv), hi = _mm512_add_ps(_mm512_mul_ps(dv, hi), mv);
           }
         }
@@ -120,9 +126,9 @@ at::Tensor dequantize_bf16(const at::Tensor& qs, const at::Tensor& d, const c10:
 }  // namespace
 
 TORCH_LIBRARY(attnlab_quant, lib) {
-  lib.def("linear(Tensor x, Tensor qs, Tensor d, Tensor? m, int scheme) -> Tensor");
+  lib.def("linear(Tensor x, Tensor qs, Tensor d, Tensor? m, int scheme, int tile) -> Tensor");
   lib.def("linear_f32(Tensor x, Tensor w) -> Tensor");
-  lib.def("dequantize_bf16(Tensor qs, Tensor d, Tensor? m, int scheme) -> Tensor");
+  lib.def("dequantize_bf16(Tensor qs, Tensor d, Tensor? m, int scheme, int tile) -> Tensor");
   lib.def("set_tuning", &set_tuning);
   lib.def("get_tuning", &get_tuning);
 }

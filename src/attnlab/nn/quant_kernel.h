@@ -33,16 +33,28 @@ struct Acts {
   std::vector<float> dx4;     // Q4: (R, G, 16): dx of block 4g + k in lanes 4k..4k+3
   std::vector<int32_t> corr4; // Q4_0: (R, G, 16): −8 S_b of block 4g + k in lane 4k, else 0
   std::vector<float> cb;      // Q4_1: (R, NB): dx_b S_b
+  std::vector<int8_t> xs;     // the tiled layout's form (quant_tiles.h), any scheme: (R, I) signed qx
+  std::vector<float> dxb;     //   (R, NB) dx of each block
+  std::vector<int32_t> sb;    //   (R, NB) S_b = Σ_i qx_i of each block
 };
 
 // Quantize `rows` rows of x (R, I) into `a` (its vectors reused: no allocation once they are large
-// enough). scheme Q8_0 fills q (qx + 128, u8) and dvec; Q4_0 / Q4_1 fill the Q4 group layout.
-inline void quantize_rows(Acts& a, const float* x, int64_t rows, int64_t in, int scheme) {
+// enough). row_form (the row layout's tiles, below): scheme Q8_0 fills q (qx + 128, u8) and dvec,
+// Q4_0 / Q4_1 the Q4 group layout; tile_form: xs / dxb / sb (the tiled layout's, quant_tiles.h). Both
+// forms hold the same qx and dx.
+inline void quantize_rows(Acts& a, const float* x, int64_t rows, int64_t in, int scheme, bool row_form = true,
+                          bool tile_form = false) {
   a.rows = rows;
   a.nb = in / QK;
   a.ng = (a.nb + 3) / 4;
   const int64_t np = a.nb / 2, ng = a.ng;
-  if (scheme == Q8_0) {
+  if (tile_form) {
+    a.xs.resize(rows * in);
+    a.dxb.resize(rows * a.nb);
+    a.sb.resize(rows * a.nb);
+  }
+  if (!row_form) {
+  } else if (scheme == Q8_0) {
     a.q.resize(rows * in);
     a.dvec.resize(rows * np * 16);
   } else {
@@ -62,6 +74,13 @@ inline void quantize_rows(Acts& a, const float* x, int64_t rows, int64_t in, int
       __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(id)));
       int32_t s = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
       __m128i b0 = _mm512_cvtepi32_epi8(q0), b1 = _mm512_cvtepi32_epi8(q1);
+      if (tile_form) {
+        _mm_storeu_si128((__m128i*)(a.xs.data() + r * in + b * QK), b0);
+        _mm_storeu_si128((__m128i*)(a.xs.data() + r * in + b * QK + 16), b1);
+        a.dxb[r * a.nb + b] = d;
+        a.sb[r * a.nb + b] = s;
+      }
+      if (!row_form) continue;
       if (scheme == Q8_0) {
         uint8_t* qb = a.q.data() + r * in + b * QK;
         _mm_storeu_si128((__m128i*)qb, _mm_xor_si128(b0, _mm_set1_epi8((char)0x80)));

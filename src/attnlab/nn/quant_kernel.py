@@ -16,6 +16,8 @@ Two implementations of each formula:
              and Mamba's selective scan and causal convolution (ssm_scan.cpp, causal_conv.cpp: nn/ssm.py,
              nn/causal_conv.py);
     "torch"  the pure-PyTorch reference: dequantize W (in slices of rows) and call F.linear.
+A weight in the kernel's tiled layout (nn/quant.py QuantWeight.tile, made once by
+nn/quant_linear.py prepare) runs the tiled kernel (quant_tiles.h); one in ggml's rows the row tiles.
 The C++ kernel is used when it builds; otherwise (no compiler, another CPU, the build failed, or
 ATTNLAB_QUANT_KERNEL=torch) the fallback runs, with one warning on stderr saying why. Both agree up to
 fp32 summation order (tests/nn/test_quant_linear.py).
@@ -36,8 +38,8 @@ from attnlab.nn.quant import BLOCK, SCHEMES, QuantWeight, dequantize, quantize_a
 
 SOURCES = [Path(__file__).with_name(n) for n in ("quant_kernel.cpp", "fused_decode.cpp", "ssm_scan.cpp",
                                                   "causal_conv.cpp")]
-HEADERS = [Path(__file__).with_name(n) for n in ("quant_kernel.h", "decode_matvec.h", "decode_ops.h", "decode_team.h",
-                                                  "ssm_scan.h")]
+HEADERS = [Path(__file__).with_name(n) for n in ("quant_kernel.h", "quant_tiles.h", "decode_matvec.h", "decode_ops.h",
+                                                  "decode_team.h", "ssm_scan.h")]
 SCHEME_ID = {s: i for i, s in enumerate(SCHEMES)}  # = quant_kernel.h enum Scheme (tests/nn/test_kernel_ids.py)
 # -ffp-contract=off: a · b + c rounds twice, as PyTorch's separate ops do (explicit FMA intrinsics stay FMA).
 # -fopenmp: at::parallel_for is an inline template that runs serially unless the extension itself is built
@@ -112,7 +114,7 @@ def get_tuning() -> dict[str, int]:
     return dict(zip(TUNING_FIELDS, torch.ops.attnlab_quant.get_tuning()))
 
 
-def _fake(x, qs, d, m, scheme):
+def _fake(x, qs, d, m, scheme, tile):
     return x.new_empty(x.shape[0], d.shape[0])
 
 
@@ -120,7 +122,7 @@ def _fake_f32(x, w):
     return x.new_empty(x.shape[0], w.shape[0])
 
 
-def _fake_bf16(qs, d, m, scheme):
+def _fake_bf16(qs, d, m, scheme, tile):
     return d.new_empty(d.shape[0], d.shape[1] * BLOCK, dtype=torch.bfloat16)
 
 
@@ -147,7 +149,7 @@ def matmul_reference(x: torch.Tensor, qw: QuantWeight) -> torch.Tensor:
         return F.linear(x.to(torch.bfloat16), dequantize(qw).to(torch.bfloat16)).to(torch.float32)
     q, d = quantize_activations(x)
     r, i = x.shape
-    xd = (q.reshape(r, -1, BLOCK).to(torch.float32) * d.unsqueeze(-1)).reshape(r, i)
+    xd = (q.reshape(r, i // BLOCK, BLOCK).to(torch.float32) * d.unsqueeze(-1)).reshape(r, i)
     rows = qw.d.shape[0]
     return torch.cat([F.linear(xd, dequantize(qw, slice(s, s + FALLBACK_ROWS)))
                       for s in range(0, rows, FALLBACK_ROWS)], dim=-1)
@@ -157,7 +159,7 @@ def quant_matmul(x: torch.Tensor, qw: QuantWeight, impl: str | None = None) -> t
     """y = x · Wᵀ for a block-quantized W, activations quantized per 32-block (module doc).
 
     Args:
-        x: (..., I) float (computed in fp32). qw: an (O, I) QuantWeight.
+        x: (..., I) float (computed in fp32). qw: an (O, I) QuantWeight, either layout (nn/quant.py).
         impl: "cpp", "torch", or None = the best available (kernel()).
     Returns:
         (..., O), x's dtype.
@@ -174,10 +176,10 @@ def quant_matmul(x: torch.Tensor, qw: QuantWeight, impl: str | None = None) -> t
     if use_cpp and impl == "cpp" and kernel() != "cpp":
         raise UserError("the C++ quantized kernel is not available here")
     if use_cpp and x2.shape[0] >= PREFILL_ROWS:
-        w = torch.ops.attnlab_quant.dequantize_bf16(qw.qs, qw.d, qw.m, SCHEME_ID[qw.scheme])
+        w = torch.ops.attnlab_quant.dequantize_bf16(qw.qs, qw.d, qw.m, SCHEME_ID[qw.scheme], qw.tile)
         y = F.linear(x2.to(torch.bfloat16), w).to(torch.float32)
     elif use_cpp:
-        y = torch.ops.attnlab_quant.linear(x2, qw.qs, qw.d, qw.m, SCHEME_ID[qw.scheme])
+        y = torch.ops.attnlab_quant.linear(x2, qw.qs, qw.d, qw.m, SCHEME_ID[qw.scheme], qw.tile)
     else:
         y = matmul_reference(x2, qw)
     return y.reshape(*x.shape[:-1], out_features).to(x.dtype)

@@ -7,6 +7,10 @@ QuantLinear holds qs / d / m (nn/quant.py) as buffers, never an fp32 copy of the
 quantizes the activations per 32-block and multiplies in int8 (nn/quant_kernel.py). QuantEmbedding
 dequantizes only the looked-up rows. A weight shared by two modules (GPT's tied embedding and output
 projection) is quantized once and its buffers shared.
+The buffers hold either layout of nn/quant.py (`tile`): a model's weights are prepared once, when
+they are quantized or loaded (`prepare`: this machine's kernel layout, nn/cpu_tuning.py quant_tile),
+and every reader (the products, the embedding lookup, the fused step, LoRA's merge) takes the layout
+into account; a state_dict holds the buffers as they are (load it into a model of the same layout).
 The weights are frozen, but QuantLinear is differentiable in its input (a frozen quantized base
 under LoRA adapters, QLoRA): the gradient is ∂L/∂x = ∂L/∂y · Ŵ, a bf16 product with the weight
 dequantized again for the backward pass (nothing of it is kept between the two passes).
@@ -18,7 +22,8 @@ import torch
 from torch import nn
 
 from attnlab.errors import UserError
-from attnlab.nn.quant import SCHEMES, QuantWeight, check_scheme, dequantize, quantize
+from attnlab.nn import cpu_tuning
+from attnlab.nn.quant import SCHEMES, QuantWeight, check_scheme, dequantize, quantize, take_rows, to_tiles
 from attnlab.nn.quant_kernel import PREFILL_ROWS, SCHEME_ID, kernel, quant_matmul
 
 FLOAT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -36,18 +41,18 @@ def check_dtype(dtype: str) -> str:
 class _QuantBuffers(nn.Module):
     def __init__(self, qw: QuantWeight):
         super().__init__()
-        self.scheme = qw.scheme
+        self.scheme, self.tile = qw.scheme, qw.tile
         self.register_buffer("qs", qw.qs)
         self.register_buffer("d", qw.d)
         self.register_buffer("m", qw.m)
 
     @property
     def qweight(self) -> QuantWeight:
-        return QuantWeight(self.scheme, self.qs, self.d, self.m)
+        return QuantWeight(self.scheme, self.qs, self.d, self.m, self.tile)
 
     def extra_repr(self) -> str:
         o, i = self.qweight.shape
-        return f"{i}, {o}, scheme={self.scheme}"
+        return f"{i}, {o}, scheme={self.scheme}" + (f", tile={self.tile}" if self.tile else "")
 
 
 class QuantLinear(_QuantBuffers):
@@ -85,7 +90,8 @@ class QuantLinear(_QuantBuffers):
             self._fast = kernel() == "cpp" and self.qs.device.type == "cpu" and self.d.shape[1] % 2 == 0
         if self._fast and x.dtype == torch.float32 and x.device.type == "cpu" and x.numel() < PREFILL_ROWS * x.shape[-1]:
             y = torch.ops.attnlab_quant.linear(x.reshape(-1, x.shape[-1]), self.qs, self.d, self.m,
-                                               SCHEME_ID[self.scheme]).view(*x.shape[:-1], self.out_features)
+                                               SCHEME_ID[self.scheme], self.tile)
+            y = y.view(*x.shape[:-1], self.out_features)
         else:
             y = quant_matmul(x, self.qweight)
         return y
@@ -95,7 +101,7 @@ class QuantLinear(_QuantBuffers):
         to bf16 for the call (the C++ kernel's conversion where it is built)."""
         qw = self.qweight
         if kernel() == "cpp" and self.qs.device.type == "cpu":
-            w = torch.ops.attnlab_quant.dequantize_bf16(qw.qs, qw.d, qw.m, SCHEME_ID[qw.scheme])
+            w = torch.ops.attnlab_quant.dequantize_bf16(qw.qs, qw.d, qw.m, SCHEME_ID[qw.scheme], qw.tile)
         else:
             w = dequantize(qw).to(torch.bfloat16)
         return (grad.to(torch.bfloat16) @ w).to(grad.dtype)
@@ -119,9 +125,7 @@ class QuantEmbedding(_QuantBuffers):
     the dequantized rows (exactly dequantize(W)[ids])."""
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        flat = ids.reshape(-1)
-        rows = QuantWeight(self.scheme, self.qs[flat], self.d[flat], None if self.m is None else self.m[flat])
-        return dequantize(rows).reshape(*ids.shape, -1)
+        return dequantize(take_rows(self.qweight, ids.reshape(-1))).reshape(*ids.shape, -1)
 
 
 def _parent(model: nn.Module, name: str) -> tuple[nn.Module, str]:
@@ -132,9 +136,18 @@ def _parent(model: nn.Module, name: str) -> tuple[nn.Module, str]:
     return module, leaf
 
 
+def prepare(qw: QuantWeight) -> QuantWeight:
+    """qw in the layout this machine's kernel reads fastest (nn/cpu_tuning.py quant_tile; ggml's rows
+    where the C++ kernel is not built or a row has an odd number of blocks): the one conversion of
+    a weight, when a model is quantized or loaded. Returns qw itself when it is already so."""
+    tile = cpu_tuning.quant_tile(qw.scheme) if kernel() == "cpp" and qw.d.shape[1] % 2 == 0 else 0
+    return qw if qw.tile == tile else to_tiles(qw, tile)
+
+
 def set_quantized(model: nn.Module, name: str, qw: QuantWeight) -> nn.Module:
     """Replace the nn.Linear or nn.Embedding at dotted `name` by its quantized form holding `qw`
-    (which must have the old weight's shape); a Linear keeps its bias. Returns the new module."""
+    (which must have the old weight's shape; callers pass it through `prepare` once, sharing it
+    between tied modules); a Linear keeps its bias. Returns the new module."""
     parent, leaf = _parent(model, name)
     old = getattr(parent, leaf)
     if tuple(old.weight.shape) != qw.shape:
@@ -168,7 +181,7 @@ def quantize_model(model: nn.Module, scheme: str) -> nn.Module:
     for name in names:
         w = model.get_submodule(name).weight
         if id(w) not in done:
-            done[id(w)] = quantize(w, scheme)
+            done[id(w)] = prepare(quantize(w, scheme))
         set_quantized(model, name, done[id(w)])
     return model
 

@@ -1,0 +1,166 @@
+"""The kernel's tiled layout of a quantized weight (nn/quant.py to_tiles / to_rows, QuantWeight.tile;
+nn/quant_tiles.h): an exact permutation of the same bytes, undone exactly; every reader (products,
+the bf16 dequantization of prefill, the embedding lookup, the fused step) gives the rows layout's
+answer; 16- and 8-row tiles give the same bits; a row of a batch gets the bits it gets alone; a model
+is converted once, in place of its rows, tied weights still shared."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnlab.engines import FusedEngine
+from attnlab.interop.gguf_quants import from_gguf_blocks, to_gguf_blocks
+from attnlab.nn import cpu_tuning
+from attnlab.nn.quant import SCHEMES, TILES, QuantWeight, dequantize, quantize, take_rows, to_rows, to_tiles
+from attnlab.nn.quant_kernel import PREFILL_ROWS, SCHEME_ID, kernel, quant_matmul
+from attnlab.nn.quant_linear import QuantEmbedding, QuantLinear, prepare, quantize_model, quantized_bytes
+from tests.engines.test_fused import assert_close, tiny
+from tests.engines.test_reference import prompts
+from tests.nn.test_quant import _weights, tiny_llama
+
+CPP = pytest.mark.skipif(kernel() != "cpp", reason="the C++ kernel is not available here")
+
+
+def _same(a: QuantWeight, b: QuantWeight) -> bool:
+    pairs = ((a.qs, b.qs), (a.d, b.d), (a.m, b.m))
+    return a.scheme == b.scheme and a.tile == b.tile and all(
+        (x is None and y is None) or (x is not None and y is not None and x.dtype == y.dtype and torch.equal(x, y))
+        for x, y in pairs)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("tile", [8, 16])
+@pytest.mark.parametrize("out", [5, 16, 37, 64])  # no whole tile; tiles only; tiles and a rest
+def test_the_layouts_round_trip_exactly_and_read_the_same(scheme, tile, out):
+    qw = quantize(_weights(rows=out, cols=320, seed=1), scheme)
+    tiled = to_tiles(qw, tile)
+    assert tiled.tile == tile and tiled.nbytes() == qw.nbytes()
+    assert all(t.shape == u.shape and t.dtype == u.dtype for t, u in ((tiled.qs, qw.qs), (tiled.d, qw.d)))
+    assert _same(to_rows(tiled), qw) and to_rows(qw) is qw
+    assert _same(to_tiles(to_tiles(qw, 8), tile), tiled)  # from either layout
+    if out >= tile:
+        assert not torch.equal(tiled.qs, qw.qs)  # really another order
+    assert torch.equal(tiled.qs[out // tile * tile:], qw.qs[out // tile * tile:])  # the rest stays rows
+    ids = torch.tensor([out - 1, 0, min(3, out - 1), out // 2, 0])
+    assert _same(take_rows(tiled, ids), take_rows(qw, ids))
+    assert torch.equal(dequantize(tiled), dequantize(qw))
+    assert torch.equal(dequantize(tiled, slice(1, 4)), dequantize(qw, slice(1, 4)))
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_gguf_blocks_are_written_in_ggmls_order_from_either_layout(scheme):
+    qw = quantize(_weights(rows=37, cols=128), scheme)
+    assert torch.equal(to_gguf_blocks(to_tiles(qw, 16)), to_gguf_blocks(qw))
+    assert _same(from_gguf_blocks(to_gguf_blocks(to_tiles(qw, 8)).numpy(), scheme, (37, 128)), qw)
+
+
+def test_q8_0_tiles_hold_the_kernels_unsigned_bytes():
+    """By hand: 16 rows × one block, row i = i·ones: lane i of dword k of the tile is row i's bytes
+    4k..4k+3, each q + 128."""
+    w = torch.arange(16.0)[:, None].expand(16, 32) * (torch.arange(32.0) + 1) / 32
+    qw = quantize(w.contiguous(), "q8_0")
+    tiled = to_tiles(qw, 16).qs.view(torch.uint8).reshape(8, 16, 4)  # (K, T, 4) of block 0
+    expect = (qw.qs.view(torch.uint8) ^ 0x80).reshape(16, 8, 4).permute(1, 0, 2)
+    assert torch.equal(tiled, expect)
+
+
+def test_a_bad_tile_is_named():
+    with pytest.raises(ValueError, match="tile=4: must be one of 0, 8, 16"):
+        to_tiles(quantize(_weights(), "q8_0"), 4)
+    assert TILES == cpu_tuning.TILES
+
+
+@CPP
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("out", [16, 37, 64])
+def test_tiled_products_are_the_same_bits_at_8_and_16_rows_and_alone_as_batched(scheme, out):
+    qw = quantize(_weights(rows=out, cols=320, seed=3), scheme)  # NB = 10: not a multiple of 4 or 16
+    x = torch.randn(PREFILL_ROWS - 1, 320) * torch.linspace(0.1, 20, 320)
+    rows = quant_matmul(x, qw, "cpp")
+    batched = quant_matmul(x, to_tiles(qw, 16), "cpp")
+    assert torch.equal(quant_matmul(x, to_tiles(qw, 8), "cpp"), batched)  # T changes speed only
+    for n in (1, 5, 8, 11):
+        assert torch.equal(quant_matmul(x[:n], to_tiles(qw, 16), "cpp"), batched[:n])
+    for r in range(x.shape[0]):
+        assert torch.equal(quant_matmul(x[r:r + 1], to_tiles(qw, 16), "cpp")[0], batched[r])
+    # against the rows layout (another summation order) and the PyTorch reference: fp32 rounding only
+    ref = quant_matmul(x, qw, "torch")
+    assert torch.allclose(batched, rows, rtol=1e-5, atol=1e-5 * float(ref.abs().max()))
+    assert torch.allclose(batched, ref, rtol=1e-5, atol=1e-5 * float(ref.abs().max()))
+    if out % 16:  # the rest rows use the rows layout's tiles: the same bits as there
+        assert torch.equal(batched[:, out // 16 * 16:], rows[:, out // 16 * 16:])
+
+
+@CPP
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_prefill_dequantization_reads_either_layout(scheme):
+    qw = quantize(_weights(rows=37, cols=128), scheme)
+    op = torch.ops.attnlab_quant.dequantize_bf16
+    expect = op(qw.qs, qw.d, qw.m, SCHEME_ID[scheme], 0)
+    assert torch.equal(expect, dequantize(qw).bfloat16())
+    for tile in (8, 16):
+        t = to_tiles(qw, tile)
+        assert torch.equal(op(t.qs, t.d, t.m, SCHEME_ID[scheme], tile), expect)
+    x = torch.randn(PREFILL_ROWS, 128)
+    assert torch.equal(quant_matmul(x, to_tiles(qw, 16)), quant_matmul(x, qw))  # the bf16 product
+    layer = QuantLinear(to_tiles(qw, 16))
+    g = torch.randn(3, 37)
+    assert torch.equal(layer.input_grad(g), QuantLinear(qw).input_grad(g))
+    with pytest.raises(RuntimeError, match="tile must be 0"):
+        op(qw.qs, qw.d, qw.m, SCHEME_ID[scheme], 4)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_a_model_is_prepared_once_in_place_of_its_rows(scheme, monkeypatch):
+    """quantize_model converts each weight once to this machine's layout: the same bytes as the rows
+    layout (no second copy), the tied embedding and head still one set of buffers, lookups unchanged."""
+    monkeypatch.setenv(cpu_tuning.TILE_ENV, "0")
+    rows = quantize_model(tiny_llama(tied=True), scheme)
+    monkeypatch.setenv(cpu_tuning.TILE_ENV, "16")
+    model = quantize_model(tiny_llama(tied=True), scheme)
+    expect = 16 if kernel() == "cpp" else 0
+    assert model.lm_head.tile == expect and model.embed_tokens.tile == expect
+    assert model.lm_head.qs is model.embed_tokens.qs  # tied: one tensor
+    assert quantized_bytes(model) == quantized_bytes(rows)
+    ids = torch.tensor([[5, 0, 95, 17]])
+    assert torch.equal(model.embed_tokens(ids), rows.embed_tokens(ids))
+    for a, b in zip(model.modules(), rows.modules()):
+        if isinstance(a, (QuantLinear, QuantEmbedding)):
+            assert _same(to_rows(a.qweight), b.qweight)
+    assert prepare(model.lm_head.qweight).qs is model.lm_head.qs  # already prepared: no conversion
+
+
+def test_the_tile_choice_is_per_format_and_deterministic(monkeypatch):
+    monkeypatch.delenv(cpu_tuning.TILE_ENV, raising=False)
+    monkeypatch.delenv(cpu_tuning.ENV, raising=False)
+    for scheme in SCHEMES:
+        assert cpu_tuning.quant_tile(scheme) == cpu_tuning.quant_tile(scheme) in TILES
+        assert cpu_tuning.chosen(True)[f"tile_{scheme}"] == cpu_tuning.quant_tile(scheme)
+    assert cpu_tuning.ROWS["amd"].tile_q4_1 == 16 and cpu_tuning.ROWS["intel"].tile_q8_0 == 0
+    monkeypatch.setenv(cpu_tuning.TILE_ENV, "8")
+    assert cpu_tuning.quant_tile("q8_0") == 8
+    monkeypatch.setenv(cpu_tuning.TILE_ENV, "12")
+    with pytest.raises(ValueError, match="ATTNLAB_QUANT_TILE='12': must be one of 0, 8, 16"):
+        cpu_tuning.quant_tile("q8_0")
+
+
+@CPP
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_the_fused_step_reads_the_tiles_and_keeps_batched_equal_to_alone(scheme, monkeypatch):
+    """The fused engine on a model prepared in each layout (tied embedding and head included): 8- and
+    16-row tiles the same bits, the rows layout within the quantized bound; sequences of 1, 7, 64 and
+    300 tokens in one batch each get what they get alone."""
+    batch, slots, steps = prompts((1, 7, 64, 300)), [0, 1, 2, 3], [[5, 6, 7, 8], [9, 1, 2, 3], [4, 4, 4, 4]]
+    models, out = {}, {}
+    for tile in (0, 8, 16):
+        monkeypatch.setenv(cpu_tuning.TILE_ENV, str(tile))
+        models[tile] = tiny(scheme)
+        assert models[tile].lm_head.tile == tile
+        engine = FusedEngine(models[tile], 4, 310)
+        out[tile] = torch.stack([engine.prefill(slots, batch)] + [engine.step(slots, s) for s in steps])
+    assert torch.equal(out[8], out[16])
+    assert_close(out[16], out[0], scheme)
+    for row, prompt in enumerate(batch):
+        alone = FusedEngine(models[16], 1, 310)
+        got = [alone.prefill([0], [prompt])[0]] + [alone.step([0], [s[row]])[0] for s in steps]
+        assert torch.equal(torch.stack(got), out[16][:, row])
