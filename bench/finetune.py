@@ -152,6 +152,7 @@ def part_memory(args) -> dict:
     activation checkpointing."""
     init = WORK / "init_adapters.safetensors"
     common = ["--init", str(init), "--steps", str(args.steps), "--batch-tokens", str(args.batch_tokens)]
+    WORK.mkdir(parents=True, exist_ok=True)
     side("init", 1, "--out", str(init))
     variants = {"lora_fp32": [], "qlora_q4_1": ["--base-dtype", "auto"], "full": ["--rank", "0", "--lr", "1e-5"]}
     runs = {f"{name}{suffix}": side("ours", args.threads, *common, *options, *more)
