@@ -37,7 +37,6 @@ from attnlab.train.checkpoint import load_training_state, save_training_state, s
 from attnlab.train.config import TrainConfig
 from attnlab.train.end_of_run import finish
 from attnlab.train.guards import StopSignals, TrainingInterrupted, check_finite_weights
-from attnlab.train.host_memory import map_large_blocks
 from attnlab.train.optim import (budget_cosine_lr, budget_warmup, build_optimizer, cosine_lr, noam_lr, set_lr,
                                  warmup_steps_for)
 from attnlab.train.parallel import OneProcess
@@ -116,8 +115,6 @@ class Trainer:
     def __init__(self, model: torch.nn.Module, objective: Objective, cfg: TrainConfig, out: Path, d_model: int,
                  strategy=None, save_best=save_weights):
         self.objective, self.cfg, self.out, self.d_model = objective, cfg, Path(out), d_model
-        if getattr(model, "checkpoint_layers", False):  # memory over speed: freed activations go back
-            map_large_blocks()                           # to the system at once (train/host_memory.py)
         compile_for_training(model, cfg.compile)
         self.save_best = save_best
         self.strategy = strategy or OneProcess(model, objective, optimizer_factory(cfg))
