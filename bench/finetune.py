@@ -1,6 +1,7 @@
 """Benchmark: fine-tuning SmolLM2-135M-Instruct with LoRA on Multi30k En→De, in parts that run alone.
 
     python bench/finetune.py --part step     [--steps 12] [--threads 2]  # our LoRA step vs peft + transformers
+                                                                         # (also: no shared prefix, QLoRA, checkpointing)
     python bench/finetune.py --part curve    [--steps 100]               # the same, loss curves (1 thread each)
     python bench/finetune.py --part memory   [--steps 4]                 # peak memory: LoRA, QLoRA, full fine-tune
     python bench/finetune.py --part zero-shot                            # test BLEU of SmolLM2 as it is
@@ -120,6 +121,7 @@ def part_step(args, curve: bool = False) -> dict:
         ours = side("ours", threads, "--init", str(init), *common)
         ours_plain = optional_side("ours", threads, "--init", str(init), "--no-share-prefix", *common)
         ours_q = optional_side("ours", threads, "--init", str(init), "--base-dtype", "auto", *common)
+        ours_ckpt = optional_side("ours", threads, "--init", str(init), "--checkpointing", *common)
     warm = 0 if curve else min(2, args.steps - 1)
     rel = [abs(a - b) / abs(b) for a, b in zip(ours["losses"], peft["losses"])]
     record = {"steps": args.steps, "batch_tokens": args.batch_tokens, "rank": 8, "alpha": 16, "targets": 7,
@@ -133,12 +135,13 @@ def part_step(args, curve: bool = False) -> dict:
     r_ours, r_peft = rates(ours, warm), rates(peft, warm)
     out = {**record, "warmup_steps_excluded": warm, "ours": r_ours, "peft": r_peft,
            "speedup": round(r_ours["input_tokens_per_s"] / r_peft["input_tokens_per_s"], 3)}
-    for name, run in (("no_shared_prefix", ours_plain), ("qlora_q4_1", ours_q)):
+    for name, run in (("no_shared_prefix", ours_plain), ("qlora_q4_1", ours_q), ("checkpointing", ours_ckpt)):
         if "error" in run:
             out[f"ours_{name}"] = run
             continue
         r = {**rates(run, warm), "loss_rel_diff_last": round(abs(run["losses"][-1] - peft["losses"][-1])
-                                                             / peft["losses"][-1], 5)}
+                                                             / peft["losses"][-1], 5),
+             "peak_rss_mb": run["steps_peak_rss_mb"]}
         out[f"ours_{name}"], out[f"speedup_{name}"] = r, round(r["input_tokens_per_s"] / r_peft["input_tokens_per_s"], 3)
     return out
 
@@ -149,6 +152,7 @@ def part_memory(args) -> dict:
     activation checkpointing."""
     init = WORK / "init_adapters.safetensors"
     common = ["--init", str(init), "--steps", str(args.steps), "--batch-tokens", str(args.batch_tokens)]
+    WORK.mkdir(parents=True, exist_ok=True)
     side("init", 1, "--out", str(init))
     variants = {"lora_fp32": [], "qlora_q4_1": ["--base-dtype", "auto"], "full": ["--rank", "0", "--lr", "1e-5"]}
     runs = {f"{name}{suffix}": side("ours", args.threads, *common, *options, *more)

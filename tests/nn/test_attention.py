@@ -53,6 +53,18 @@ def test_fully_masked_rows_give_zeros_not_nan_forward_and_backward():
             assert torch.isfinite(t.grad).all()
 
 
+def test_a_mask_every_query_sees_through_keeps_the_kernels_output():
+    # a causal mask after a cached prefix (a shared-prefix training batch): no row is empty, so the
+    # output is the kernel's own tensor (no zeroing product, no second (B, H, T, Dh) copy kept)
+    q, k, v = torch.randn(2, 2, 3, 4), torch.randn(2, 2, 5, 4), torch.randn(2, 2, 5, 4)
+    q.requires_grad_(True)
+    mask = causal_mask(3, offset=2)
+    out, _ = scaled_dot_product_attention(q, k, v, mask)
+    assert "Mul" not in type(out.grad_fn).__name__
+    ref, _ = scaled_dot_product_attention(q, k, v, mask, impl="math")
+    torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-6)
+
+
 def test_gqa_with_n_kv_heads_equal_n_heads_is_mha_and_groups_share_kv():
     torch.manual_seed(0)
     mha = MultiHeadAttention(16, 4, n_kv_heads=4)

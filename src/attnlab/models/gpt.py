@@ -5,6 +5,7 @@ H query heads, K key/value heads, Dh head dim, L layers.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import ClassVar, Literal, Optional
@@ -16,6 +17,7 @@ from torch.utils.checkpoint import checkpoint
 from attnlab.config import Config, check, check_literals
 from attnlab.errors import UserError
 from attnlab.models.base import Model
+from attnlab.nn import recompute as selective
 from attnlab.nn.attention import MultiHeadAttention
 from attnlab.nn.blocks import TransformerLayer
 from attnlab.nn.kv_cache import KVCache
@@ -330,18 +332,22 @@ _decoder_block(cfg) for _ in range(cfg.n_layers))
         x = self.dropout(x)
         aux, attentions = x.new_zeros(()), [] if need_weights else None
         token_mask = None if attention_mask is None else attention_mask[:, -t:].bool()  # (B, T) real new tokens
-        recompute = self.checkpoint_layers and self.training and torch.is_grad_enabled()
-        for i, layer in enumerate(self.layers):
-            kwargs = dict(mask=mask, cache=self.caches[i] if self.caches else None, rope=rope,
-                          need_weights=need_weights, is_causal=is_causal, token_mask=token_mask)
-            out = checkpoint(layer, x, use_reentrant=False, **kwargs) if recompute else layer(x, **kwargs)
-            x, aux = out.hidden, aux + out.aux_loss
-            if need_weights:
-                attentions.append(out.attn_weights)
-        if selected:
-            x = x[logits_to_keep]  # (N, D)
-        elif logits_to_keep:
-            x = x[:, -logits_to_keep:]
-        if return_hidden:
-            return GPTOutput(None, aux / len(self.layers), attentions, self.norm(x))
-        return GPTOutput(self.lm_head(self.norm(x)), aux / len(self.layers), attentions)
+        training = self.training and torch.is_grad_enabled()
+        recompute = self.checkpoint_layers and training
+        # Training without checkpointing: the norms' and SwiGLU's outputs are kept as recipes
+        # (nn/recompute.py), remade in the backward from the tensors kept anyway.
+        with selective.saving_marked() if training and not recompute else contextlib.nullcontext():
+            for i, layer in enumerate(self.layers):
+                kwargs = dict(mask=mask, cache=self.caches[i] if self.caches else None, rope=rope,
+                              need_weights=need_weights, is_causal=is_causal, token_mask=token_mask)
+                out = checkpoint(layer, x, use_reentrant=False, **kwargs) if recompute else layer(x, **kwargs)
+                x, aux = out.hidden, aux + out.aux_loss
+                if need_weights:
+                    attentions.append(out.attn_weights)
+            if selected:
+                x = x[logits_to_keep]  # (N, D)
+            elif logits_to_keep:
+                x = x[:, -logits_to_keep:]
+            if return_hidden:
+                return GPTOutput(None, aux / len(self.layers), attentions, self.norm(x))
+            return GPTOutput(self.lm_head(self.norm(x)), aux / len(self.layers), attentions)

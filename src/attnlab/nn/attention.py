@@ -62,7 +62,10 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     visible = None
     if mask is not None:
         visible = mask.any(dim=-1, keepdim=True)  # (B?, 1?, T, 1): does the query see any key?
-        mask = mask | ~visible  # let empty rows attend everywhere, then zero them below
+        if not torch.compiler.is_compiling() and bool(visible.all()):
+            visible = None  # every query sees a key (a causal mask always does): no fix-up, no copy
+        else:
+            mask = mask | ~visible  # let empty rows attend everywhere, then zero them below
     groups = q.size(1) // k.size(1)
     if impl == "sdpa" and not need_weights:
         with _fp32_under_cpu_autocast(q) as cast:

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.errors import UserError
+from attnlab.nn import recompute
 from attnlab.nn.linear import Linear
 
 
@@ -54,7 +55,7 @@ class _GatedSiLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gate, up):
         ctx.save_for_backward(gate, up)
-        return F.silu(gate).mul_(up)
+        return _gated(gate, up)
 
     @staticmethod
     def backward(ctx, grad):
@@ -64,12 +65,17 @@ class _GatedSiLU(torch.autograd.Function):
         return grad_gate, grad_up
 
 
+def _gated(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate).mul_(up)
+
+
 def gated_silu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """SiLU(gate) ⊙ up, SwiGLU's gating (same shapes and dtype); in training one autograd function
-    that keeps only its two inputs (_GatedSiLU)."""
+    that keeps only its two inputs (_GatedSiLU), its output marked as recomputable from them
+    (nn/recompute.py: the down projection that saves it keeps gate and up instead, kept anyway)."""
     if torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad) and gate.dtype == up.dtype \
             and not torch.is_autocast_enabled(gate.device.type):
-        return _GatedSiLU.apply(gate, up)
+        return recompute.mark(_GatedSiLU.apply(gate, up), _gated, gate, up)
     return F.silu(gate) * up
 
 

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from attnlab.errors import UserError
+from attnlab.nn import recompute
 
 NORMS = ("layernorm", "rmsnorm")
 
@@ -16,7 +17,9 @@ class RMSNorm(nn.Module):
     """RMSNorm(x) = x / sqrt(mean(x²) + eps) · g: LayerNorm without centring and without a bias.
 
     The mean square is taken in fp32 whatever the input dtype (as LLaMA does), and the result is
-    cast back before the gain is applied.
+    cast back before the gain is applied. In training the output is marked as recomputable from the
+    input (nn/recompute.py): the layers that save it for their backward keep the input instead,
+    which the norm's own backward keeps anyway.
 
     Args:
         d_model: D. eps: added to the mean square.
@@ -30,6 +33,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T, D) -> (B, T, D), same dtype."""
+        return recompute.mark(self._normalize(x), self._normalize, x)
+
+    def _normalize(self, x: torch.Tensor) -> torch.Tensor:
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return (self.weight * h.to(x.dtype)).to(x.dtype)
