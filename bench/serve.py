@@ -47,7 +47,10 @@ def prompts(n: int, tokens: int) -> list[str]:
     """n different ~`tokens`-token slices of Tiny Shakespeare (cut on SmolLM2's own token boundaries)."""
     text = (SHARED / "data" / "tinyshakespeare" / "input.txt").read_text()
     tok = read_gguf_tokenizer(resolve("smollm2-135m")).tokenizer
-    ids = tok.encode(text[:200_000])
+    need = (n - 1) * 97 + tokens  # token ids the n slices span (97 apart)
+    ids = tok.encode(text[:max(200_000, 5 * need)])  # ~3.5 characters a token in this text
+    if len(ids) < need:
+        raise SystemExit(f"bench/serve.py: Tiny Shakespeare holds {len(ids)} tokens, {n} prompts need {need}")
     return [tok.decode(ids[i * 97:i * 97 + tokens]) for i in range(n)]
 
 
