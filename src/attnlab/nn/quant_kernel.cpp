@@ -76,9 +76,35 @@ inline __m256i to_bf16(__m512 v) {
   return _mm512_cvtepi32_epi16(_mm512_srli_epi32(b, 16));
 }
 
+// One block's 32 weights in ggml's byte order (Q8_0: 32 int8 in v; Q4: 16 nibble pairs in the low
+// half of v) -> 32 bf16 at dst: q · d, (q − 8) · d, q · d + m in fp32 (nn/quant.py's order), rounded.
+inline void block_to_bf16(int scheme, __m256i v, float d, float m, uint16_t* dst) {
+  const __m512 dv = _mm512_set1_ps(d);
+  __m512 lo, hi;
+  if (scheme == Q8_0) {
+    lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(v))), dv);
+    hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(v, 1))), dv);
+  } else {
+    const __m128i q = _mm256_castsi256_si128(v), nibble = _mm_set1_epi8(0x0F);
+    lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(q, nibble)));
+    hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(q, 4), nibble)));
+    if (scheme == Q4_0) {
+      lo = _mm512_mul_ps(dv, _mm512_sub_ps(lo, _mm512_set1_ps(8.0f)));
+      hi = _mm512_mul_ps(dv, _mm512_sub_ps(hi, _mm512_set1_ps(8.0f)));
+    } else {
+      const __m512 mv = _mm512_set1_ps(m);
+      lo = _mm512_add_ps(_mm512_mul_ps(dv, lo), mv), hi = _mm512_add_ps(_mm512_mul_ps(dv, hi), mv);
+    }
+  }
+  _mm256_storeu_si256((__m256i*)dst, to_bf16(lo));
+  _mm256_storeu_si256((__m256i*)(dst + 16), to_bf16(hi));
+}
+
 // W (O, I) as bf16: the dequantized weight (q · d, (q − 8) · d, q · d + m in fp32, then rounded),
 // for products with many rows (prefill), which a bf16 GEMM (oneDNN, AMX where present) does faster;
-// W in either layout (`tile`), the result in rows.
+// W in either layout (`tile`), the result in rows. Work units: whole T-row tiles (row i's dwords of a
+// block are T·4 bytes apart: one gather with a fixed index vector, no division per block), then the
+// O % T rest rows (all rows when tile == 0) one by one.
 at::Tensor dequantize_bf16(const at::Tensor& qs, const at::Tensor& d, const c10::optional<at::Tensor>& m,
                            int64_t scheme, int64_t tile) {
   attnlab_decode::check_tile(scheme, tile);
@@ -92,33 +118,40 @@ at::Tensor dequantize_bf16(const at::Tensor& qs, const at::Tensor& d, const c10:
   const at::Half* dp = d.data_ptr<at::Half>();
   const at::Half* mp = scheme == Q4_1 ? m->data_ptr<at::Half>() : nullptr;
   uint16_t* wp = (uint16_t*)w.data_ptr();
-  at::parallel_for(0, out, 16, [&](int64_t o0, int64_t o1) {
-    uint8_t buf[QK];
-    for (int64_t o = o0; o < o1; ++o)
-      for (int64_t b = 0; b < nb; ++b) {
-        int64_t sc;
-        const uint8_t* p = row_block(q, (int)scheme, out, nb, tile, o, b, buf, &sc);
-        const __m512 dv = _mm512_set1_ps((float)dp[sc]);
-        __m512 lo, hi;
-        if (scheme == Q8_0) {
-          lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
-          hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(p + 16))));
-          lo = _mm512_mul_ps(lo, dv), hi = _mm512_mul_ps(hi, dv);
-        } else {
-          __m128i v = _mm_loadu_si128((const __m128i*)p);
-          lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, _mm_set1_epi8(0x0F))));
-          hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0F))));
-          if (scheme == Q4_0) {
-            lo = _mm512_mul_ps(dv, _mm512_sub_ps(lo, _mm512_set1_ps(8.0f)));
-            hi = _mm512_mul_ps(dv, _mm512_sub_ps(hi, _mm512_set1_ps(8.0f)));
-          } else {
-            const __m512 mv = _mm512_set1_ps((float)mp[sc]);
-            lo = _mm512_add_ps(_mm512_mul_ps(dv, lo), mv), hi = _mm512_add_ps(_mm512_mul_ps(dv, hi), mv);
+  const int64_t bpb = scheme == Q8_0 ? QK : QK / 2, row_bytes = nb * bpb;
+  const int64_t tiles = tile > 0 ? out / tile : 0, first_rest = tiles * tile;  // tile 0: rows only
+  const int step = (int)tile * 4;  // bytes between dword k and k + 1 of one row's block in a tile
+  const __m256i index8 = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(step));
+  const __m128i index4 = _mm256_castsi256_si128(index8);
+  const __m256i flip = _mm256_set1_epi8((char)0x80);  // tiles hold Q8_0's q + 128
+  const int64_t units = tiles + (out - first_rest), grain = std::max<int64_t>(1, 16 / std::max<int64_t>(tile, 1));
+  at::parallel_for(0, units, grain, [&](int64_t u0, int64_t u1) {
+    for (int64_t u = u0; u < u1; ++u) {
+      if (u < tiles) {  // tile u: rows u·T .. u·T + T − 1
+        const uint8_t* base = q + u * tile * row_bytes;
+        const at::Half* dT = dp + u * tile * nb;
+        const at::Half* mT = mp == nullptr ? nullptr : mp + u * tile * nb;
+        for (int64_t b = 0; b < nb; ++b) {
+          const int* blk = (const int*)(base + b * bpb * tile);
+          for (int64_t i = 0; i < tile; ++i) {
+            const __m256i v = scheme == Q8_0
+                ? _mm256_xor_si256(_mm256_i32gather_epi32(blk + i, index8, 1), flip)
+                : _mm256_castsi128_si256(_mm_i32gather_epi32(blk + i, index4, 1));
+            const int64_t sc = b * tile + i;
+            block_to_bf16((int)scheme, v, (float)dT[sc], mT == nullptr ? 0.0f : (float)mT[sc],
+                          wp + (u * tile + i) * in + b * QK);
           }
         }
-        _mm256_storeu_si256((__m256i*)(wp + o * in + b * QK), to_bf16(lo));
-        _mm256_storeu_si256((__m256i*)(wp + o * in + b * QK + 16), to_bf16(hi));
+        continue;
       }
+      const int64_t o = first_rest + (u - tiles);  // a rest row, ggml's rows
+      for (int64_t b = 0; b < nb; ++b) {
+        const __m256i v = scheme == Q8_0 ? _mm256_loadu_si256((const __m256i*)(q + o * row_bytes + b * bpb))
+                                         : _mm256_castsi128_si256(_mm_loadu_si128((const __m128i*)(q + o * row_bytes + b * bpb)));
+        block_to_bf16((int)scheme, v, (float)dp[o * nb + b], mp == nullptr ? 0.0f : (float)mp[o * nb + b],
+                      wp + o * in + b * QK);
+      }
+    }
   });
   return w;
 }
