@@ -28,7 +28,8 @@ from attnlab.engines.fused import FusedEngine
 from attnlab.jsonfile import write_json_atomic
 from attnlab.load import load_causal_lm
 from attnlab.nn import cpu_tuning
-from attnlab.nn.quant_kernel import get_tuning, kernel, set_tuning
+from attnlab.nn.quant_kernel import SCHEME_ID, get_tuning, kernel, set_tuning
+from attnlab.nn.quant_linear import QuantEmbedding, QuantLinear
 
 PRECISIONS = {"q8_0": "q8_0", "q4_0": "q4_0", "q4_1": "auto"}  # ours dtype (q4_1: the file as stored)
 
@@ -68,6 +69,20 @@ def _step_ms(engine: FusedEngine, b: int, steps: int) -> float:
     return statistics.median(times) * 1e3
 
 
+def dequantize_ms(model) -> float:
+    """ms to dequantize every quantized matrix of `model` (shared ones once) to bf16, in its layout."""
+    seen, layers = set(), []
+    for m in model.modules():
+        if isinstance(m, (QuantLinear, QuantEmbedding)) and m.qs.data_ptr() not in seen:
+            seen.add(m.qs.data_ptr())
+            layers.append(m)
+    op = torch.ops.attnlab_quant.dequantize_bf16
+    t0 = time.perf_counter()
+    for m in layers:
+        op(m.qs, m.d, m.m, SCHEME_ID[m.scheme], m.tile)
+    return (time.perf_counter() - t0) * 1e3
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--precisions", nargs="+", choices=list(PRECISIONS), default=list(PRECISIONS))
@@ -89,24 +104,30 @@ def main() -> None:
         if tile not in cpu_tuning.TILES:
             sys.exit(f"bench/quant_tiles.py: tile {tile} is not one of {cpu_tuning.TILES}")
     for name in args.precisions:
-        engines = {t: FusedEngine(load(name, t), max(args.batches), 256) for t in {t for t, _ in configs.values()}}
+        models = {t: load(name, t) for t in {t for t, _ in configs.values()}}
+        engines = {t: FusedEngine(m, max(args.batches), 256) for t, m in models.items()}
         times = {c: {b: [] for b in args.batches} for c in configs}
+        dq = {c: [] for c in configs}
         for _ in range(args.rounds):
             for c, (tile, prefetch_q) in configs.items():
                 for b in args.batches:
                     times[c][b].append(step_ms(engines[tile], b, args.steps, prefetch_q))
+                dequantize_ms(models[tile])  # warm-up
+                dq[c].append(dequantize_ms(models[tile]))
         out = {}
         for c in configs:
             ms = {b: statistics.median(v) for b, v in times[c].items()}
             out[c] = {str(b): {"step_ms": round(ms[b], 3), "tok_s": round(b * 1e3 / ms[b], 1),
                                "vs_B1": round(b * ms[args.batches[0]] / ms[b] / args.batches[0], 2)}
                       for b in args.batches}
+            out[c]["dequantize_bf16_ms"] = round(statistics.median(dq[c]), 2)
         if "0" in configs:
             for c in configs:
                 for b in args.batches:
                     out[c][str(b)]["vs_tile0"] = round(out[c][str(b)]["tok_s"] / out["0"][str(b)]["tok_s"], 3)
+                out[c]["dequantize_vs_tile0"] = round(out["0"]["dequantize_bf16_ms"] / out[c]["dequantize_bf16_ms"], 3)
         result["precisions"][name] = out
-        del engines
+        del engines, models
         if args.out:
             write_json_atomic(args.out, result)
     print(json.dumps(result))

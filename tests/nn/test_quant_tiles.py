@@ -94,13 +94,15 @@ def test_tiled_products_are_the_same_bits_at_8_and_16_rows_and_alone_as_batched(
 @CPP
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_prefill_dequantization_reads_either_layout(scheme):
-    qw = quantize(_weights(rows=37, cols=128), scheme)
     op = torch.ops.attnlab_quant.dequantize_bf16
-    expect = op(qw.qs, qw.d, qw.m, SCHEME_ID[scheme], 0)
-    assert torch.equal(expect, dequantize(qw).bfloat16())
-    for tile in (8, 16):
-        t = to_tiles(qw, tile)
-        assert torch.equal(op(t.qs, t.d, t.m, SCHEME_ID[scheme], tile), expect)
+    for out in (5, 16, 40, 64):  # no whole tile; tiles only; tiles and a rest; both tile sizes whole
+        w = quantize(_weights(rows=out, cols=320, seed=out), scheme)
+        rows = op(w.qs, w.d, w.m, SCHEME_ID[scheme], 0)
+        assert torch.equal(rows, dequantize(w).bfloat16())
+        for tile in (8, 16):  # whole tiles at a time (regression: each row's blocks gathered one by one)
+            t = to_tiles(w, tile)
+            assert torch.equal(op(t.qs, t.d, t.m, SCHEME_ID[scheme], tile), rows), (out, tile)
+    qw = quantize(_weights(rows=37, cols=128), scheme)
     x = torch.randn(PREFILL_ROWS, 128)
     assert torch.equal(quant_matmul(x, to_tiles(qw, 16)), quant_matmul(x, qw))  # the bf16 product
     layer = QuantLinear(to_tiles(qw, 16))
@@ -128,6 +130,47 @@ def test_a_model_is_prepared_once_in_place_of_its_rows(scheme, monkeypatch):
         if isinstance(a, (QuantLinear, QuantEmbedding)):
             assert _same(to_rows(a.qweight), b.qweight)
     assert prepare(model.lm_head.qweight).qs is model.lm_head.qs  # already prepared: no conversion
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_a_state_dict_holds_rows_whatever_the_layout_and_loads_into_any(scheme, monkeypatch):
+    """Regression (issue 23): a prepared (tiled) model's state_dict held its tiles with no marker, so a
+    model of another layout (another machine, ATTNLAB_QUANT_TILE) loaded them as rows, silently
+    wrong. Now a state_dict is always ggml's rows, and loading converts into the module's layout."""
+    monkeypatch.setenv(cpu_tuning.TILE_ENV, "0")
+    rows = quantize_model(tiny_llama(tied=True), scheme)
+    expect = rows.state_dict()
+    models = {0: rows}
+    for tile in (8, 16):  # a tiled model by hand, so that this holds where the C++ kernel is not built
+        models[tile] = quantize_model(tiny_llama(tied=True), scheme)
+        for m in models[tile].modules():
+            if isinstance(m, (QuantLinear, QuantEmbedding)) and m.tile != tile:
+                t = to_tiles(m.qweight, tile)
+                m.qs, m.d, m.m, m.tile = t.qs, t.d, t.m, tile
+        models[tile].lm_head.qs = models[tile].embed_tokens.qs  # tied again
+        models[tile].lm_head.d, models[tile].lm_head.m = models[tile].embed_tokens.d, models[tile].embed_tokens.m
+        state = models[tile].state_dict()
+        assert state.keys() == expect.keys()
+        assert all(torch.equal(state[k], expect[k]) for k in expect), tile  # rows, bit for bit
+        assert models[tile].lm_head.tile == tile and not torch.equal(models[tile].lm_head.qs, rows.lm_head.qs)
+    ids = torch.tensor([[5, 0, 95, 17, 3]])
+    with torch.no_grad():
+        logits = rows(ids).logits
+        for src in (0, 8, 16):
+            for dst in (0, 8, 16):
+                monkeypatch.setenv(cpu_tuning.TILE_ENV, "0")
+                target = quantize_model(tiny_llama(tied=True), scheme)  # other weights: all overwritten
+                for m in target.modules():
+                    if isinstance(m, (QuantLinear, QuantEmbedding)) and dst:
+                        t = to_tiles(quantize(torch.zeros(m.qweight.shape), scheme), dst)
+                        m.qs, m.d, m.m, m.tile = t.qs, t.d, t.m, dst
+                target.load_state_dict(models[src].state_dict())
+                assert target.lm_head.tile == dst
+                assert _same(to_rows(target.lm_head.qweight), rows.lm_head.qweight), (src, dst)
+                assert torch.allclose(target(ids).logits, logits, rtol=1e-5, atol=1e-5 * float(logits.abs().max()))
+    bad = {**rows.state_dict(), "lm_head.d": rows.lm_head.d[:-1]}
+    with pytest.raises(RuntimeError, match="lm_head.d"):
+        models[16].load_state_dict(bad)
 
 
 def test_the_tile_choice_is_per_format_and_deterministic(monkeypatch):

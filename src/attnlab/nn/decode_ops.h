@@ -150,12 +150,20 @@ inline void attend_head(const float* q, const float* k, const float* v, int64_t 
     acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(m, e));
   }
   const float inv = 1.0f / _mm512_reduce_add_ps(acc);
-  for (int64_t i = 0; i < dh; i += 16) {
-    const __mmask16 m = lanes_from(i, dh);
-    __m512 o = _mm512_setzero_ps();
-    for (int64_t j = 0; j < n; ++j)
-      o = _mm512_fmadd_ps(_mm512_set1_ps(p[j] * inv), _mm512_maskz_loadu_ps(m, v + j * dh + i), o);
-    _mm512_mask_storeu_ps(out + i, m, o);
+  // out = Σ_j (p_j · inv) v_j, each 16-lane chunk of Dh summed over j in order; up to 4 chunks side by
+  // side (independent FMA chains: the same additions, not one chain of n latencies per chunk)
+  for (int64_t i0 = 0; i0 < dh; i0 += 64) {
+    const int chunks = (int)std::min<int64_t>(4, (dh - i0 + 15) / 16);
+    __mmask16 m[4];
+    __m512 o[4];
+    for (int c = 0; c < 4; ++c) m[c] = c < chunks ? lanes_from(i0 + 16 * c, dh) : (__mmask16)0, o[c] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < n; ++j) {
+      const __m512 pj = _mm512_set1_ps(p[j] * inv);
+      const float* vj = v + j * dh + i0;
+      for (int c = 0; c < 4; ++c)
+        if (c < chunks) o[c] = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(m[c], vj + 16 * c), o[c]);
+    }
+    for (int c = 0; c < chunks; ++c) _mm512_mask_storeu_ps(out + i0 + 16 * c, m[c], o[c]);
   }
 }
 

@@ -76,9 +76,57 @@ inline __m256i to_bf16(__m512 v) {
   return _mm512_cvtepi32_epi16(_mm512_srli_epi32(b, 16));
 }
 
+// One block's 32 weights in ggml's byte order (Q8_0: 32 int8 in v; Q4: 16 nibble pairs in the low
+// half of v) -> 32 bf16 at dst: q · d, (q − 8) · d, q · d + m in fp32 (nn/quant.py's order), rounded.
+inline void block_to_bf16(int scheme, __m256i v, float d, float m, uint16_t* dst) {
+  const __m512 dv = _mm512_set1_ps(d);
+  __m512 lo, hi;
+  if (scheme == Q8_0) {
+    lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(v))), dv);
+    hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(v, 1))), dv);
+  } else {
+    const __m128i q = _mm256_castsi256_si128(v), nibble = _mm_set1_epi8(0x0F);
+    lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(q, nibble)));
+    hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(q, 4), nibble)));
+    if (scheme == Q4_0) {
+      lo = _mm512_mul_ps(dv, _mm512_sub_ps(lo, _mm512_set1_ps(8.0f)));
+      hi = _mm512_mul_ps(dv, _mm512_sub_ps(hi, _mm512_set1_ps(8.0f)));
+    } else {
+      const __m512 mv = _mm512_set1_ps(m);
+      lo = _mm512_add_ps(_mm512_mul_ps(dv, lo), mv), hi = _mm512_add_ps(_mm512_mul_ps(dv, hi), mv);
+    }
+  }
+  _mm256_storeu_si256((__m256i*)dst, to_bf16(lo));
+  _mm256_storeu_si256((__m256i*)(dst + 16), to_bf16(hi));
+}
+
+// Rows 8g .. 8g + 7 of one block of a T-row tile (blk: the block's dwords (K, T), from lane 8g): each
+// row's block bytes in ggml's order in r[i] (Q8_0: 8 dwords, still q + 128; Q4: 4 dwords in the low
+// half), an 8 × 8 (Q4: 4 × 8) dword transpose in registers: loads of whole vectors, no gather.
+inline void tile_rows8(const int* blk, int64_t tile, int scheme, __m256i r[8]) {
+  const int k_dwords = scheme == Q8_0 ? 8 : 4;
+  __m256i v[8], u[8];
+  for (int k = 0; k < k_dwords; ++k) v[k] = _mm256_loadu_si256((const __m256i*)(blk + k * tile));
+  for (int h = 0; h < k_dwords; h += 4) {  // dwords h .. h+3 of rows (0|4), (1|5), (2|6), (3|7) per 128-bit half
+    const __m256i t0 = _mm256_unpacklo_epi32(v[h], v[h + 1]), t1 = _mm256_unpackhi_epi32(v[h], v[h + 1]);
+    const __m256i t2 = _mm256_unpacklo_epi32(v[h + 2], v[h + 3]), t3 = _mm256_unpackhi_epi32(v[h + 2], v[h + 3]);
+    u[h] = _mm256_unpacklo_epi64(t0, t2), u[h + 1] = _mm256_unpackhi_epi64(t0, t2);
+    u[h + 2] = _mm256_unpacklo_epi64(t1, t3), u[h + 3] = _mm256_unpackhi_epi64(t1, t3);
+  }
+  for (int i = 0; i < 4; ++i) {
+    if (k_dwords == 8) {
+      r[i] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x20), r[i + 4] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x31);
+    } else {
+      r[i] = _mm256_castsi128_si256(_mm256_castsi256_si128(u[i]));
+      r[i + 4] = _mm256_castsi128_si256(_mm256_extracti128_si256(u[i], 1));
+    }
+  }
+}
+
 // W (O, I) as bf16: the dequantized weight (q · d, (q − 8) · d, q · d + m in fp32, then rounded),
 // for products with many rows (prefill), which a bf16 GEMM (oneDNN, AMX where present) does faster;
-// W in either layout (`tile`), the result in rows.
+// W in either layout (`tile`), the result in rows. Work units: whole T-row tiles (each block's rows
+// 8 at a time, tile_rows8), then the O % T rest rows (all rows when tile == 0) one by one.
 at::Tensor dequantize_bf16(const at::Tensor& qs, const at::Tensor& d, const c10::optional<at::Tensor>& m,
                            int64_t scheme, int64_t tile) {
   attnlab_decode::check_tile(scheme, tile);
@@ -92,33 +140,38 @@ at::Tensor dequantize_bf16(const at::Tensor& qs, const at::Tensor& d, const c10:
   const at::Half* dp = d.data_ptr<at::Half>();
   const at::Half* mp = scheme == Q4_1 ? m->data_ptr<at::Half>() : nullptr;
   uint16_t* wp = (uint16_t*)w.data_ptr();
-  at::parallel_for(0, out, 16, [&](int64_t o0, int64_t o1) {
-    uint8_t buf[QK];
-    for (int64_t o = o0; o < o1; ++o)
-      for (int64_t b = 0; b < nb; ++b) {
-        int64_t sc;
-        const uint8_t* p = row_block(q, (int)scheme, out, nb, tile, o, b, buf, &sc);
-        const __m512 dv = _mm512_set1_ps((float)dp[sc]);
-        __m512 lo, hi;
-        if (scheme == Q8_0) {
-          lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
-          hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(p + 16))));
-          lo = _mm512_mul_ps(lo, dv), hi = _mm512_mul_ps(hi, dv);
-        } else {
-          __m128i v = _mm_loadu_si128((const __m128i*)p);
-          lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, _mm_set1_epi8(0x0F))));
-          hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0F))));
-          if (scheme == Q4_0) {
-            lo = _mm512_mul_ps(dv, _mm512_sub_ps(lo, _mm512_set1_ps(8.0f)));
-            hi = _mm512_mul_ps(dv, _mm512_sub_ps(hi, _mm512_set1_ps(8.0f)));
-          } else {
-            const __m512 mv = _mm512_set1_ps((float)mp[sc]);
-            lo = _mm512_add_ps(_mm512_mul_ps(dv, lo), mv), hi = _mm512_add_ps(_mm512_mul_ps(dv, hi), mv);
+  const int64_t bpb = scheme == Q8_0 ? QK : QK / 2, row_bytes = nb * bpb;
+  const int64_t tiles = tile > 0 ? out / tile : 0, first_rest = tiles * tile;  // tile 0: rows only
+  const __m256i flip = _mm256_set1_epi8((char)0x80);  // tiles hold Q8_0's q + 128
+  const int64_t units = tiles + (out - first_rest), grain = std::max<int64_t>(1, 16 / std::max<int64_t>(tile, 1));
+  at::parallel_for(0, units, grain, [&](int64_t u0, int64_t u1) {
+    for (int64_t u = u0; u < u1; ++u) {
+      if (u < tiles) {  // tile u: rows u·T .. u·T + T − 1
+        const uint8_t* base = q + u * tile * row_bytes;
+        const at::Half* dT = dp + u * tile * nb;
+        const at::Half* mT = mp == nullptr ? nullptr : mp + u * tile * nb;
+        for (int64_t b = 0; b < nb; ++b) {
+          const int* blk = (const int*)(base + b * bpb * tile);
+          for (int64_t g = 0; g < tile; g += 8) {
+            __m256i r[8];
+            tile_rows8(blk + g, tile, (int)scheme, r);
+            for (int i = 0; i < 8; ++i) {
+              const int64_t sc = b * tile + g + i;
+              block_to_bf16((int)scheme, scheme == Q8_0 ? _mm256_xor_si256(r[i], flip) : r[i], (float)dT[sc],
+                            mT == nullptr ? 0.0f : (float)mT[sc], wp + (u * tile + g + i) * in + b * QK);
+            }
           }
         }
-        _mm256_storeu_si256((__m256i*)(wp + o * in + b * QK), to_bf16(lo));
-        _mm256_storeu_si256((__m256i*)(wp + o * in + b * QK + 16), to_bf16(hi));
+        continue;
       }
+      const int64_t o = first_rest + (u - tiles);  // a rest row, ggml's rows
+      for (int64_t b = 0; b < nb; ++b) {
+        const __m256i v = scheme == Q8_0 ? _mm256_loadu_si256((const __m256i*)(q + o * row_bytes + b * bpb))
+                                         : _mm256_castsi128_si256(_mm_loadu_si128((const __m128i*)(q + o * row_bytes + b * bpb)));
+        block_to_bf16((int)scheme, v, (float)dp[o * nb + b], mp == nullptr ? 0.0f : (float)mp[o * nb + b],
+                      wp + o * in + b * QK);
+      }
+    }
   });
   return w;
 }

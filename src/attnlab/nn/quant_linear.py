@@ -10,7 +10,9 @@ projection) is quantized once and its buffers shared.
 The buffers hold either layout of nn/quant.py (`tile`): a model's weights are prepared once, when
 they are quantized or loaded (`prepare`: this machine's kernel layout, nn/cpu_tuning.py quant_tile),
 and every reader (the products, the embedding lookup, the fused step, LoRA's merge) takes the layout
-into account; a state_dict holds the buffers as they are (load it into a model of the same layout).
+into account. A state_dict holds the weights in ggml's rows (layout 0) whatever the module's layout,
+and loading one converts the rows into the module's layout: a state_dict saved on one machine loads
+on any other (issue 23: a tiled state_dict read as rows would have been silently wrong).
 The weights are frozen, but QuantLinear is differentiable in its input (a frozen quantized base
 under LoRA adapters, QLoRA): the gradient is ∂L/∂x = ∂L/∂y · Ŵ, a bf16 product with the weight
 dequantized again for the backward pass (nothing of it is kept between the two passes).
@@ -23,7 +25,7 @@ from torch import nn
 
 from attnlab.errors import UserError
 from attnlab.nn import cpu_tuning
-from attnlab.nn.quant import SCHEMES, QuantWeight, check_scheme, dequantize, quantize, take_rows, to_tiles
+from attnlab.nn.quant import SCHEMES, QuantWeight, check_scheme, dequantize, quantize, take_rows, to_rows, to_tiles
 from attnlab.nn.quant_kernel import PREFILL_ROWS, SCHEME_ID, kernel, quant_matmul
 
 FLOAT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -49,6 +51,30 @@ class _QuantBuffers(nn.Module):
     @property
     def qweight(self) -> QuantWeight:
         return QuantWeight(self.scheme, self.qs, self.d, self.m, self.tile)
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        """qs / d / m in layout 0 (ggml's rows): a state_dict never depends on this machine's tile."""
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if self.tile:
+            rows = to_rows(self.qweight)
+            for name, t in (("qs", rows.qs), ("d", rows.d), ("m", rows.m)):
+                if t is not None:
+                    destination[prefix + name] = t
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        """Read qs / d / m in layout 0 (what _save_to_state_dict writes) and store them in this module's
+        layout; a missing key or a wrong shape is left to nn.Module's own error (it names the key)."""
+        keys = [prefix + n for n in ("qs", "d", "m") if getattr(self, n) is not None]
+        if self.tile and all(k in state_dict and state_dict[k].shape == getattr(self, k[len(prefix):]).shape
+                             and state_dict[k].dtype == getattr(self, k[len(prefix):]).dtype for k in keys):
+            m = state_dict[prefix + "m"] if self.m is not None else None
+            tiled = to_tiles(QuantWeight(self.scheme, state_dict[prefix + "qs"], state_dict[prefix + "d"], m), self.tile)
+            state_dict = {**state_dict, prefix + "qs": tiled.qs, prefix + "d": tiled.d}
+            if m is not None:
+                state_dict[prefix + "m"] = tiled.m
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
 
     def extra_repr(self) -> str:
         o, i = self.qweight.shape

@@ -103,15 +103,12 @@ inline void tile_t(const uint8_t* w, const at::Half* dT, const at::Half* mT, int
       const int32_t s = a.sb[r * nb + b];
       const float dx = a.dxb[r * nb + b];
       typename L::I sum = SCHEME == Q8_0 ? L::set1(-128 * s) : SCHEME == Q4_0 ? L::set1(-8 * s) : L::zero();
-      if (N <= 2) {  // few rows: two dependency chains (int32 sums: the same result in any order)
-        typename L::I odd = L::dot(L::zero(), v[1], L::set1(xr[1]));
-        sum = L::dot(sum, v[0], L::set1(xr[0]));
-        for (int k = 2; k < 8; k += 2)
-          sum = L::dot(sum, v[k], L::set1(xr[k])), odd = L::dot(odd, v[k + 1], L::set1(xr[k + 1]));
-        sum = L::add(sum, odd);
-      } else {
-        for (int k = 0; k < 8; ++k) sum = L::dot(sum, v[k], L::set1(xr[k]));
-      }
+      // two dependency chains of 4 (int32 sums: the same result in any order), half the latency
+      typename L::I odd = L::dot(L::zero(), v[1], L::set1(xr[1]));
+      sum = L::dot(sum, v[0], L::set1(xr[0]));
+      for (int k = 2; k < 8; k += 2)
+        sum = L::dot(sum, v[k], L::set1(xr[k])), odd = L::dot(odd, v[k + 1], L::set1(xr[k + 1]));
+      sum = L::add(sum, odd);
       acc[j] = L::fma(L::cvt(sum), L::mul(dw, L::fset1(dx)), acc[j]);
       if (SCHEME == Q4_1) acc[j] = L::fma(mw, L::fset1(dx * (float)s), acc[j]);
     }
