@@ -12,6 +12,7 @@ improved recipe uses 5× GPT-3's rate.
 from __future__ import annotations
 
 from attnlab.models.mamba import MambaConfig
+from attnlab.nn.cpu_tuning import native_bf16
 from attnlab.recipes.recipe import Recipe
 from attnlab.recipes.shakespeare_char import D_MODEL
 from attnlab.tasks.language_model import TextDataConfig
@@ -21,6 +22,7 @@ NAME = "shakespeare-char-mamba"
 
 
 def recipe():
+    fast = dict(autocast="bf16") if native_bf16() else {}
     return Recipe(name=NAME, description="Mamba (selective state-space) character LM of Tiny Shakespeare, "
                   "same size and budget as shakespeare-char",
                   model=MambaConfig(d_model=D_MODEL, n_layers=7, d_state=16, d_conv=4, expand=2, max_seq_len=64),
@@ -28,4 +30,4 @@ def recipe():
                   train=TrainConfig(lr_schedule="cosine", lr=4e-3, min_lr=1e-4, warmup_steps=100,
                                     lr_decay_steps=2000, max_steps=2000, beta1=0.9, beta2=0.95, eps=1e-8,
                                     weight_decay=0.1, clip_grad_norm=1.0, eval_every=250, log_every=50,
-                                    checkpoint_every=250))
+                                    checkpoint_every=250, **fast))
