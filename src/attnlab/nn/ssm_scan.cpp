@@ -71,11 +71,11 @@ std::tuple<at::Tensor, at::Tensor> scan_forward(const at::Tensor& x, const at::T
   float* yp = y.data_ptr<float>();
   float* lp = last.data_ptr<float>();
   at::parallel_for(0, nb * s.blocks(), 1, [&](int64_t i0, int64_t i1) {
-    std::vector<__m512> h(s.N), a(s.N);  // the states; one step's decays (scratch)
+    std::vector<__m512> h(s.N);
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t b = i / s.blocks(), d0 = (i % s.blocks()) * kLanes;
       load_state(h0p, b, d0, s.N, s.Di, h.data());
-      steps<true, false>(s, b, d0, 0, s.T, h.data(), yp, nullptr, nullptr, a.data());
+      steps<true, false>(s, b, d0, 0, s.T, h.data(), yp, nullptr, nullptr, nullptr);
       store_state(lp, b, d0, s.N, s.Di, h.data());
     }
   });
@@ -113,8 +113,7 @@ std::vector<at::Tensor> scan_backward(const at::Tensor& x, const at::Tensor& dt,
       for (int64_t k = 0; k < segments; ++k) {  // the first state of every segment
         std::copy(h.begin(), h.end(), starts.begin() + k * N);
         if (k + 1 < segments)
-          steps<false, false>(s, b, d0, k * kSegment, (k + 1) * kSegment, h.data(), nullptr, nullptr, nullptr,
-                              decay.data());
+          steps<false, false>(s, b, d0, k * kSegment, (k + 1) * kSegment, h.data(), nullptr, nullptr, nullptr, nullptr);
       }
       load_state(glp, b, d0, N, Di, gh.data());
       std::fill(gAacc.begin(), gAacc.end(), _mm512_setzero_ps());

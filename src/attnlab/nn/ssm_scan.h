@@ -1,12 +1,10 @@
 // The pieces of the selective-scan kernels (ssm_scan.cpp): the scan's inputs, the element-wise maps
 // around it (Δ's bias and softplus, the skip D, the SiLU gate), one run of steps over a block of 16
 // channels, and the horizontal sums of the backward pass. Every map rounds as the PyTorch operation
-// it stands for (Sleef's exp and log1p, as torch's; no FMA: -ffp-contract=off), but for the decays
-// exp(Δ A), which take an inline exp within 2 ulp of torch's (exp_decay16).
+// it stands for (Sleef's exp and log1p, as torch's; no FMA: -ffp-contract=off).
 #pragma once
 
 #include <immintrin.h>
-#include <algorithm>
 #include <cstdint>
 
 #include "decode_ops.h"  // exp16 (Sleef's exp, torch.exp's), tail_mask
@@ -26,27 +24,6 @@ inline __m512 log1p16(__m512 x) {
   _mm512_store_ps(t, x);
   for (float& v : t) v = std::log1p(v);
   return _mm512_load_ps(t);
-}
-
-// e^x for the scan's decays a = exp(Δ A) (x ≤ 0), inlined: Cephes' expf (range reduction by ln 2 in
-// two parts, a degree-6 polynomial, 2^n by scalef), within 2 ulp of torch.exp (Sleef's, 1 ulp) and
-// exact at 0 (a Δ of 0 leaves the state as it is). Being inline, it keeps the update's operands in
-// registers, where the call to Sleef spills them (exp16 clobbers every vector register).
-// Below −127 the result is 0, as exp's is; NaN stays NaN.
-inline __m512 exp_decay16(__m512 x) {
-  x = _mm512_max_ps(_mm512_set1_ps(-127.0f), x);  // the second operand is returned for NaN
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(y, n);
 }
 
 constexpr int64_t kLanes = 16;
@@ -90,8 +67,7 @@ struct Scan {
 // Runs steps t0 .. t1 − 1 of sequence b, channels d0 .. d0 + 15, from the states h (N vectors).
 // WithY: computes Σ_n C_t,n h_n and writes output() to y (when y is given) and the sum itself to
 // acc_out[t − t0] (when given); Keep: writes h_{t−1} and a_t of every step to prev and decay (N vectors
-// per step); without Keep, decay is scratch for one step's N vectors a_t.
-// A step's N decays are taken first, in a loop of their own, by the inline exp_decay16.
+// per step).
 template <bool WithY, bool Keep>
 inline void steps(const Scan& s, int64_t b, int64_t d0, int64_t t0, int64_t t1, __m512* h, float* y,
                   __m512* acc_out, __m512* prev, __m512* decay) {
@@ -100,15 +76,17 @@ inline void steps(const Scan& s, int64_t b, int64_t d0, int64_t t0, int64_t t1, 
   for (int64_t t = t0; t < t1; ++t) {
     const int64_t r = s.row(b, t, d0);
     const __m512 dtv = s.delta(s.raw_delta(r, d0, m));
-    __m512* a = Keep ? decay + (t - t0) * N : decay;
-    for (int64_t n = 0; n < N; ++n) a[n] = exp_decay16(_mm512_mul_ps(dtv, load(s.At + n * s.Di + d0, m)));
     const __m512 dx = _mm512_mul_ps(dtv, load(s.x + r, m));
     const float* Bt = s.B + (b * s.T + t) * N;
     const float* Ct = s.C + (b * s.T + t) * N;
     __m512 acc = _mm512_setzero_ps();
-    if (Keep) std::copy(h, h + N, prev + (t - t0) * N);
     for (int64_t n = 0; n < N; ++n) {
-      h[n] = _mm512_add_ps(_mm512_mul_ps(a[n], h[n]), _mm512_mul_ps(dx, _mm512_set1_ps(Bt[n])));
+      const __m512 a = exp16(_mm512_mul_ps(dtv, load(s.At + n * s.Di + d0, m)));
+      if (Keep) {
+        prev[(t - t0) * N + n] = h[n];
+        decay[(t - t0) * N + n] = a;
+      }
+      h[n] = _mm512_add_ps(_mm512_mul_ps(a, h[n]), _mm512_mul_ps(dx, _mm512_set1_ps(Bt[n])));
       if (WithY) acc = _mm512_add_ps(acc, _mm512_mul_ps(h[n], _mm512_set1_ps(Ct[n])));
     }
     if (WithY && y != nullptr) _mm512_mask_storeu_ps(y + r, m, s.output(acc, r, d0, m));
