@@ -164,3 +164,27 @@ def test_config_round_trips_through_json():
     cfg = tiny(dt_rank=3, bias=True)
     assert MambaConfig.from_dict(cfg.to_dict()) == cfg
     assert tiny().delta_rank == 2 and tiny().dt_rank == "auto"  # "auto" = ceil(32 / 16)
+
+
+def test_a_bf16_autocast_step_keeps_the_scan_and_the_gradients_fp32():
+    """Under bf16 autocast (the recipe's step on bf16 CPUs) the projections multiply in bf16 and the
+    convolution and scan compute in fp32: the logits are the fp32 model's to bf16 rounding, and every
+    gradient is fp32, finite and close to the fp32 step's."""
+    x = ids(2, 16)
+    grads = {}
+    for kind in ("fp32", "bf16"):
+        model = model_for().train()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=kind == "bf16"):
+            logits = model(x).logits
+        loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), x.flatten())
+        loss.backward()
+        grads[kind] = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+        if kind == "fp32":
+            want = logits.detach()
+        else:
+            assert logits.dtype == torch.bfloat16
+            assert (logits.float() - want).abs().max() <= 0.05 * want.abs().max()
+    for name, g in grads["bf16"].items():
+        assert g.dtype == torch.float32 and torch.isfinite(g).all(), name
+        ref = grads["fp32"][name]
+        assert (g - ref).norm() <= 0.1 * ref.norm() + 1e-6, name

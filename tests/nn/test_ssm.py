@@ -156,6 +156,16 @@ def test_zero_delta_leaves_the_state_unchanged(impl):
     assert torch.equal(h, h0)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+def test_decays_over_the_whole_range_equal_reference(impl):
+    """Δ·A from 0 down to far below exp's underflow (−87): the reference's values and gradients,
+    states that forget everything (Ā = 0) included."""
+    x, delta, A, B, C, D, h0 = _inputs(2, 40, 24, 16, seed=5)
+    delta = torch.logspace(-6, 2, 40)[None, :, None].expand(2, 40, 24).contiguous()  # 1e-6 .. 100
+    A = -torch.logspace(-3, 1.5, 24 * 16).view(24, 16)                               # −0.001 .. −31.6
+    _equal_to_reference([x, delta, A, B, C, D, h0], impl)
+
+
 def test_state_shape_and_dtype():
     x, delta, A, B, C, D, _ = _inputs(2, 5, 8, 4, with_h0=False)
     y, h = selective_scan(x.double(), delta, A, B, C, D)

@@ -140,6 +140,13 @@ def test_evaluation_runs_fp32_under_a_bf16_step(tmp_path):
         assert trainer.objective.evaluate(trainer.model)["val_loss"] != record["val_loss"]
 
 
+def test_shakespeare_char_mamba_steps_in_bf16_only_on_cpus_with_native_bf16():
+    """shakespeare-char-mamba follows the same CPU rule (its equal-steps loss: the recipe's docstring)."""
+    train = get_recipe("shakespeare-char-mamba").train
+    assert train.autocast == ("bf16" if native_bf16() else "none")
+    assert get_recipe("shakespeare-char-mamba").with_overrides(["autocast=none"]).train.autocast == "none"
+
+
 def test_multi30k_steps_in_bf16_only_on_cpus_with_native_bf16():
     """multi30k-en-de follows the same CPU rule (its equal-steps quality: the recipe's docstring)."""
     train = get_recipe("multi30k-en-de").train

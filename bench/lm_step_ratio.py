@@ -1,0 +1,87 @@
+"""Benchmark: the training steps of several recipes in one rotation, as ratios to the first.
+
+bench/lm.py trains its recipes one after the other, so a drift of this shared machine's speed
+between them (nanoGPT's own rate has moved 11,200-15,900 tok/s from one run to the next here)
+lands on one recipe only. This bench builds each recipe's Trainer (train/loop.py, its own defaults:
+`autocast` as the recipe sets it on this CPU, or `--set KEY=VALUE` for every recipe) on its own
+batches, times `--warmup` steps apart, then the recipes take turns, `--steps` steps each per round for
+`--rounds` rounds (the order rotating), so a drift touches them alike. Prints one JSON line: per
+recipe the median ms per step, tokens per step and tokens/s, its ratio to the first recipe, the
+settings that matter (autocast, optimizer_impl), and the host.
+
+    python bench/lm_step_ratio.py [--recipes shakespeare-char shakespeare-char-mamba] [--steps 4]
+                                  [--rounds 10] [--threads 2] [--set KEY=VALUE]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from _common import host
+
+from attnlab.recipes import get_recipe
+from attnlab.tasks.base import RunSpec
+from attnlab.tasks.registry import task_of_recipe
+from attnlab.train.loop import Trainer
+
+
+def trainer(name: str, overrides: list[str], root: Path) -> tuple[Trainer, list]:
+    """Recipe `name`'s Trainer at its defaults (plus `overrides`) and its first batches, one window a step."""
+    recipe = get_recipe(name).with_overrides(overrides)
+    task = task_of_recipe(recipe)
+    prepared = task.prepare(RunSpec(root / "prepare", False, recipe.name, recipe.model, recipe.data, recipe.train,
+                                    None))
+    torch.manual_seed(recipe.train.seed)
+    model = task.build_model(prepared.model_cfg)
+    run = Trainer(model, prepared.objective, recipe.train, root / "run", getattr(prepared.model_cfg, "d_model", 1))
+    group = recipe.train.grad_accum_steps
+    batches = prepared.objective.batches(0)
+    return run, [batches[i:i + group] for i in range(0, group * 40, group)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--recipes", nargs="+", default=["shakespeare-char", "shakespeare-char-mamba"])
+    ap.add_argument("--steps", type=int, default=4, help="steps per recipe per round")
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3, help="first steps of each recipe, not timed")
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="applied to every recipe")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = {name: trainer(name, args.set, Path(tmp) / name) for name in args.recipes}
+        times: dict[str, list[float]] = {name: [] for name in args.recipes}
+        tokens = {}
+        for name, (run, windows) in runs.items():
+            for w in windows[:args.warmup]:
+                run._train_step(w)
+        for r in range(args.rounds):
+            order = args.recipes[r % len(args.recipes):] + args.recipes[:r % len(args.recipes)]
+            for name in order:
+                run, windows = runs[name]
+                for i in range(args.steps):
+                    w = windows[args.warmup + (r * args.steps + i) % (len(windows) - args.warmup)]
+                    start = time.perf_counter()
+                    _, tokens[name] = run._train_step(w)
+                    times[name].append(time.perf_counter() - start)
+        settings = {name: {k: getattr(run.cfg, k) for k in ("autocast", "optimizer_impl", "compile")}
+                    for name, (run, _) in runs.items()}
+    ms = {name: statistics.median(t) * 1e3 for name, t in times.items()}
+    first = args.recipes[0]
+    results = {name: {"ms_per_step": round(ms[name], 2), "tokens_per_step": tokens[name],
+                      "tokens_per_s": round(tokens[name] / ms[name] * 1e3, 1),
+                      "ratio_tokens_per_s_vs_first": round((tokens[name] / ms[name]) / (tokens[first] / ms[first]), 3),
+                      "ms_per_step_min_max": [round(min(times[name]) * 1e3, 2), round(max(times[name]) * 1e3, 2)],
+                      **settings[name]} for name in args.recipes}
+    print(json.dumps({"bench": "lm_step_ratio", "overrides": args.set, "steps_per_round": args.steps,
+                      "rounds": args.rounds, "results": results, "host": host(args.threads)}))
+
+
+if __name__ == "__main__":
+    main()
