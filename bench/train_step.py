@@ -29,6 +29,12 @@ the most self CPU time (ms per step), to say where a step's time goes.
 
     python bench/train_step.py [--recipes shakespeare-char ...] [--candidates fp32 bf16 ...]
                                [--steps 4] [--rounds 6] [--threads 2] [--nanogpt] [--profile 10]
+                               [--malloc-mmap-threshold BYTES]
+
+The process is set up as `attnlab train` sets up its own before building a model: glibc's mmap
+threshold fixed at TrainConfig.malloc_mmap_threshold (train/host_memory.py; a process-wide setting,
+so what it costs a step is measured by two runs, one with --malloc-mmap-threshold 0 = glibc's
+dynamic default); the JSON says whether it was set.
 """
 from __future__ import annotations
 
@@ -48,6 +54,8 @@ from _nanogpt_step import NanoGPTStep
 from attnlab.recipes import get_recipe
 from attnlab.tasks.base import RunSpec
 from attnlab.tasks.registry import task_of_recipe
+from attnlab.train.config import TrainConfig
+from attnlab.train.host_memory import fix_mmap_threshold
 from attnlab.train.loop import Trainer
 from attnlab.train.speed import autocast_context
 
@@ -219,13 +227,17 @@ def main() -> None:
                     help="profile N more steps of each candidate (operator counts, top self CPU time)")
     ap.add_argument("--warm-compile-cache", action="store_true",
                     help="keep inductor's compiled-kernel cache (default: a fresh one, the compile time of a first run)")
+    ap.add_argument("--malloc-mmap-threshold", type=int, default=TrainConfig.malloc_mmap_threshold,
+                    help="bytes, as attnlab train applies it before building a model (0 = glibc's dynamic default)")
     args = ap.parse_args()
+    fixed = fix_mmap_threshold(args.malloc_mmap_threshold)  # before any model: tasks/base.py's order
     if not args.warm_compile_cache:
         cache = tempfile.TemporaryDirectory(prefix="inductor-")  # removed at exit
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache.name
     torch.set_num_threads(args.threads)
     record = {"bench": "train_step", "host": host(args.threads), "steps_per_round": args.steps,
-              "rounds": args.rounds, "compile_cache": "warm" if args.warm_compile_cache else "cold"}
+              "rounds": args.rounds, "compile_cache": "warm" if args.warm_compile_cache else "cold",
+              "malloc_mmap_threshold": args.malloc_mmap_threshold, "mmap_threshold_fixed": fixed}
     if not args.no_probes:
         record["gemm_gflops"] = gemm_probe(768, 128, 512)
         record["attention"] = attention_probe(12, 4, 64, 32)
