@@ -8,9 +8,9 @@ initial adapters, with the same optimizer settings.
 
 Each prints one JSON line: per-step losses and seconds, tokens (input tokens without padding, and
 the response tokens the loss covers) and the process's peak resident memory. Our side sets up its
-process as `attnlab train` does before it loads the model (glibc's mmap threshold fixed at
-TrainConfig.malloc_mmap_threshold, train/host_memory.py; `--malloc-mmap-threshold 0` leaves glibc's
-dynamic default) and says whether it did; peft's side keeps glibc's default, as peft's users run it.
+process as `attnlab train` does before it loads the model (glibc's mmap threshold fixed as
+TrainConfig.malloc_mmap_threshold says: by default in a run that checkpoints its activations;
+train/host_memory.py) and says whether it did; peft's side keeps glibc's default, as peft's users run it.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ from attnlab.tasks.registry import get_task
 from attnlab.tokenizers import ByteLevelBPE
 from attnlab.tasks.instruction import InstructionObjective, render_pair
 from attnlab.train.config import TrainConfig
-from attnlab.train.host_memory import fix_mmap_threshold
+from attnlab.train.host_memory import fix_mmap_threshold, mmap_threshold
 from attnlab.train.loop import Trainer, learning_rate
 from safetensors.torch import load_file, save_file
 
@@ -203,12 +203,14 @@ def main():
     ap.add_argument("--base-dtype", default="fp32", help="ours: the frozen base's precision (auto = the GGUF's blocks)")
     ap.add_argument("--autocast", default="none", choices=["none", "bf16"], help="ours: TrainConfig.autocast")
     ap.add_argument("--checkpointing", action="store_true", help="ours: activation checkpointing of every layer")
-    ap.add_argument("--malloc-mmap-threshold", type=int, default=TrainConfig.malloc_mmap_threshold,
-                    help="ours: TrainConfig.malloc_mmap_threshold, bytes (0 = glibc's dynamic default)")
+    ap.add_argument("--malloc-mmap-threshold", type=int,
+                    help="ours: TrainConfig.malloc_mmap_threshold, bytes (default: as attnlab train, 128 KiB with "
+                    "--checkpointing, else glibc's dynamic threshold; 0 = glibc's)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     # as `attnlab train` does (tasks/base.py), before the model loads; peft's side as peft's users run it
-    process = {"malloc_mmap_threshold": args.malloc_mmap_threshold if args.side == "ours" else 0}
+    process = {"malloc_mmap_threshold": mmap_threshold(args.malloc_mmap_threshold, args.checkpointing)
+               if args.side == "ours" else 0}
     process["mmap_threshold_fixed"] = fix_mmap_threshold(process["malloc_mmap_threshold"])
     print(json.dumps({**{"init": side_init, "ours": side_ours, "peft": side_peft}[args.side](args), **process}))
 

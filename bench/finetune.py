@@ -4,7 +4,7 @@
                                                                          # (also: no shared prefix, QLoRA, checkpointing)
     python bench/finetune.py --part curve    [--steps 100]               # the same, loss curves (1 thread each)
     python bench/finetune.py --part memory   [--steps 4]                 # peak memory: LoRA, QLoRA, full fine-tune
-                                                                         # (--malloc-mmap-threshold 0: glibc's default)
+                                                                         # (--malloc-mmap-threshold N / 0: fixed / glibc's)
     python bench/finetune.py --part zero-shot                            # test BLEU of SmolLM2 as it is
     python bench/finetune.py --part budget   --minutes 10 30             # LoRA and multi30k-en-de, same budgets
     python bench/finetune.py --part evaluate [--beams 1 4]               # test BLEU of the budget part's runs
@@ -38,7 +38,6 @@ from attnlab.recipes import get_recipe
 from attnlab.tasks.finetune_base import load_base
 from attnlab.tasks.instruction import translation_bleu
 from attnlab.tasks.registry import evaluate_run, get_task
-from attnlab.train.config import TrainConfig
 
 SIDES = Path(__file__).with_name("_finetune_sides.py")
 WORK = ROOT / "runs" / "bench-finetune"
@@ -98,6 +97,11 @@ def hf_export() -> Path:
     return folder
 
 
+def threshold_option(args) -> list[str]:
+    """Our sides' --malloc-mmap-threshold: none (as attnlab train decides: train/host_memory.py) or the one given."""
+    return [] if args.malloc_mmap_threshold is None else ["--malloc-mmap-threshold", str(args.malloc_mmap_threshold)]
+
+
 def rates(record: dict, warm: int) -> dict:
     """Input and response tokens per second over the steps after the first `warm`."""
     s = sum(record["seconds"][warm:])
@@ -109,8 +113,7 @@ def rates(record: dict, warm: int) -> dict:
 def part_step(args, curve: bool = False) -> dict:
     """Our LoRA step (the loop's, with and without the shared prefix) against peft + transformers."""
     threads = 1 if curve else args.threads
-    common = ["--steps", str(args.steps), "--batch-tokens", str(args.batch_tokens),
-              "--malloc-mmap-threshold", str(args.malloc_mmap_threshold)]
+    common = ["--steps", str(args.steps), "--batch-tokens", str(args.batch_tokens), *threshold_option(args)]
     init = WORK / "init_adapters.safetensors"
     WORK.mkdir(parents=True, exist_ok=True)
     side("init", 1, "--out", str(init))
@@ -158,11 +161,12 @@ def part_step(args, curve: bool = False) -> dict:
 def part_memory(args) -> dict:
     """Peak resident memory of the training steps: LoRA on the fp32 base, LoRA on the GGUF's own Q4_1
     blocks (QLoRA), and the full fine-tune, each in its own process set up as `attnlab train` sets
-    up its own (glibc's mmap threshold fixed before the model loads, unless --malloc-mmap-threshold 0),
-    without and with activation checkpointing."""
+    up its own (glibc's mmap threshold fixed before the model loads in a run that checkpoints its
+    activations; --malloc-mmap-threshold N: N bytes in every run, 0 = glibc's dynamic threshold in
+    every run), without and with activation checkpointing."""
     init = WORK / "init_adapters.safetensors"
     common = ["--init", str(init), "--steps", str(args.steps), "--batch-tokens", str(args.batch_tokens),
-              "--malloc-mmap-threshold", str(args.malloc_mmap_threshold)]
+              *threshold_option(args)]
     WORK.mkdir(parents=True, exist_ok=True)
     side("init", 1, "--out", str(init))
     variants = {"lora_fp32": [], "qlora_q4_1": ["--base-dtype", "auto"], "full": ["--rank", "0", "--lr", "1e-5"]}
@@ -175,8 +179,8 @@ def part_memory(args) -> dict:
                                                                / out[f"full{suffix}"][key], 3)
               for peak, key in (("", "steps_peak_rss_mb"), ("_process_peak", "process_peak_rss_mb"))
               for suffix in ("", "_checkpointing") for name in ("lora_fp32", "qlora_q4_1")}
-    return {"steps": args.steps, "batch_tokens": args.batch_tokens, "malloc_mmap_threshold": args.malloc_mmap_threshold,
-            **out, **ratios,
+    given = "as attnlab train decides" if args.malloc_mmap_threshold is None else args.malloc_mmap_threshold
+    return {"steps": args.steps, "batch_tokens": args.batch_tokens, "malloc_mmap_threshold": given, **out, **ratios,
             "note": "steps_peak_rss_mb: the peak resident memory of the training steps (VmHWM reset through "
                     "/proc/self/clear_refs after loading, no malloc_trim: the heap as loading left it); "
                     "process_peak_rss_mb: the whole process's (loading included); mmap_threshold_fixed: whether "
@@ -252,9 +256,9 @@ def main():
     ap.add_argument("--minutes", type=float, nargs="+", default=[10, 30], help="budget: the budgets, in order")
     ap.add_argument("--beams", type=int, nargs="+", default=[1, 4], help="evaluate: beam sizes (1 = greedy)")
     ap.add_argument("--limit", type=int, help="zero-shot / evaluate: the first N test sentences only")
-    ap.add_argument("--malloc-mmap-threshold", type=int, default=TrainConfig.malloc_mmap_threshold,
-                    help="step / curve / memory: our sides' TrainConfig.malloc_mmap_threshold, bytes, as attnlab "
-                    "train applies it (0 = glibc's dynamic default; train/host_memory.py)")
+    ap.add_argument("--malloc-mmap-threshold", type=int,
+                    help="step / curve / memory: our sides' TrainConfig.malloc_mmap_threshold, bytes, in every side "
+                    "(default: as attnlab train decides; 0 = glibc's dynamic threshold; train/host_memory.py)")
     ap.add_argument("--json", help="merge this part's record into this JSON file")
     args = ap.parse_args()
     args.steps = args.steps or {"step": 12, "curve": 100, "memory": 4}.get(args.part, 0)
@@ -265,7 +269,7 @@ def main():
     if args.json:
         path = Path(args.json)
         merged = json.loads(path.read_text()) if path.is_file() else {}
-        key = args.part if args.malloc_mmap_threshold == TrainConfig.malloc_mmap_threshold else \
+        key = args.part if args.malloc_mmap_threshold is None else \
             f"{args.part}_malloc_mmap_threshold_{args.malloc_mmap_threshold}"  # a setting's record beside the default's
         merged[key] = record
         write_json_atomic(path, merged)  # a kill mid-write leaves the old file, not a part

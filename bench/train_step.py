@@ -31,10 +31,11 @@ the most self CPU time (ms per step), to say where a step's time goes.
                                [--steps 4] [--rounds 6] [--threads 2] [--nanogpt] [--profile 10]
                                [--malloc-mmap-threshold BYTES]
 
-The process is set up as `attnlab train` sets up its own before building a model: glibc's mmap
-threshold fixed at TrainConfig.malloc_mmap_threshold (train/host_memory.py; a process-wide setting,
-so what it costs a step is measured by two runs, one with --malloc-mmap-threshold 0 = glibc's
-dynamic default); the JSON says whether it was set.
+The process is set up as `attnlab train` sets up its own before building a model (glibc's mmap
+threshold as TrainConfig.malloc_mmap_threshold says: these recipes do not checkpoint activations,
+so glibc's dynamic threshold, unless --malloc-mmap-threshold N fixes it; train/host_memory.py). A
+process-wide setting: what it costs a step is measured by two runs, with and without; the JSON
+says whether it was set.
 """
 from __future__ import annotations
 
@@ -54,8 +55,7 @@ from _nanogpt_step import NanoGPTStep
 from attnlab.recipes import get_recipe
 from attnlab.tasks.base import RunSpec
 from attnlab.tasks.registry import task_of_recipe
-from attnlab.train.config import TrainConfig
-from attnlab.train.host_memory import fix_mmap_threshold
+from attnlab.train.host_memory import fix_mmap_threshold, mmap_threshold
 from attnlab.train.loop import Trainer
 from attnlab.train.speed import autocast_context
 
@@ -227,9 +227,10 @@ def main() -> None:
                     help="profile N more steps of each candidate (operator counts, top self CPU time)")
     ap.add_argument("--warm-compile-cache", action="store_true",
                     help="keep inductor's compiled-kernel cache (default: a fresh one, the compile time of a first run)")
-    ap.add_argument("--malloc-mmap-threshold", type=int, default=TrainConfig.malloc_mmap_threshold,
-                    help="bytes, as attnlab train applies it before building a model (0 = glibc's dynamic default)")
+    ap.add_argument("--malloc-mmap-threshold", type=int,
+                    help="bytes, fixed before building a model (default: as attnlab train, none here; 0 = glibc's)")
     args = ap.parse_args()
+    args.malloc_mmap_threshold = mmap_threshold(args.malloc_mmap_threshold, checkpointing=False)
     fixed = fix_mmap_threshold(args.malloc_mmap_threshold)  # before any model: tasks/base.py's order
     if not args.warm_compile_cache:
         cache = tempfile.TemporaryDirectory(prefix="inductor-")  # removed at exit

@@ -1,7 +1,8 @@
 """train/host_memory.py: `attnlab train` fixes glibc's mmap threshold before the task prepares the run
-(so before any model loads), for any recipe; --set malloc_mmap_threshold=0 and glibc's own
-MALLOC_MMAP_THRESHOLD_ leave it alone. Properties of the process's allocator, observed in a subprocess
-(mallinfo2), not timings."""
+(so before any model loads) in a run that checkpoints its activations, and in any recipe's run that
+sets malloc_mmap_threshold; otherwise, with malloc_mmap_threshold=0 and under glibc's own
+MALLOC_MMAP_THRESHOLD_ it leaves glibc alone. Properties of the process's allocator, observed in a
+subprocess (mallinfo2), not timings."""
 from __future__ import annotations
 
 import json
@@ -35,16 +36,32 @@ def probe(tmp_path, recipe: str, *sets: str, env: dict | None = None) -> bool:
 
 
 @glibc
-@pytest.mark.parametrize("recipe", ["smollm2-lora-multi30k", "shakespeare-char"])
-def test_train_fixes_the_mmap_threshold_before_the_model_loads(tmp_path, recipe):
-    assert probe(tmp_path, recipe)  # fixed at 128 KiB: the large block is mapped, and unmapped when freed
+@pytest.mark.parametrize("recipe, sets", [("smollm2-lora-multi30k", ["activation_checkpointing=true"]),
+                                          ("shakespeare-char", ["malloc_mmap_threshold=131072"])])
+def test_train_fixes_the_mmap_threshold_before_the_model_loads(tmp_path, recipe, sets):
+    assert probe(tmp_path, recipe, *sets)  # fixed at 128 KiB: the large block is mapped, and unmapped when freed
 
 
 @glibc
-def test_the_threshold_can_be_left_to_glibc(tmp_path):
-    assert not probe(tmp_path, "smollm2-lora-multi30k", "malloc_mmap_threshold=0")  # glibc's dynamic default
-    # glibc's own setting from the environment stands (32 MiB: the probe's block comes from the heap)
-    assert not probe(tmp_path, "smollm2-lora-multi30k", env={host_memory.GLIBC_ENV: str(host_memory.MAX)})
+@pytest.mark.parametrize("recipe, sets", [("smollm2-lora-multi30k", []),  # keeps its activations: glibc's way
+                                          ("shakespeare-char", []),
+                                          ("smollm2-lora-multi30k", ["activation_checkpointing=true",
+                                                                     "malloc_mmap_threshold=0"])])
+def test_the_threshold_is_left_to_glibc(tmp_path, recipe, sets):
+    assert not probe(tmp_path, recipe, *sets)
+
+
+@glibc
+def test_glibc_own_setting_stands(tmp_path):  # 32 MiB from the environment: the probe's block comes from the heap
+    assert not probe(tmp_path, "smollm2-lora-multi30k", "activation_checkpointing=true",
+                     env={host_memory.GLIBC_ENV: str(host_memory.MAX)})
+
+
+def test_the_default_fixes_it_for_checkpointing_runs_only():
+    assert host_memory.mmap_threshold(None, checkpointing=True) == host_memory.DEFAULT
+    assert host_memory.mmap_threshold(None, checkpointing=False) == 0
+    assert host_memory.mmap_threshold(0, checkpointing=True) == 0
+    assert host_memory.mmap_threshold(1 << 20, checkpointing=False) == 1 << 20
 
 
 def test_bad_thresholds_name_the_field():

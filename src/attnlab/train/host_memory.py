@@ -16,14 +16,19 @@ rise off (for the trim threshold too, which stays at glibc's 128 KiB): blocks of
 are mapped and unmapped, so the resident memory follows the live tensors. It must run before the
 model loads: a large request is still served from free heap space when there is some, so a heap
 already swollen by loading keeps serving the steps (set after loading, it changed nothing:
-1,377 against 1,381 MB). tasks/base.py applies TrainConfig.malloc_mmap_threshold (default 128 KiB,
-glibc's own starting value; 0 = leave glibc's dynamic threshold) before anything is built, for every
-recipe; where the environment sets glibc's own MALLOC_MMAP_THRESHOLD_, that choice is left alone.
+1,377 against 1,381 MB). Set first, it does what glibc's MALLOC_MMAP_THRESHOLD_=131072 at process
+start does (the same peak to 1 MB).
 
-What it costs: a mapped block's pages are fresh, so each large tensor allocated in a step takes page
-faults (the kernel zeroes its pages) where a heap block would be reused warm — measured with
-bench/finetune.py --part step and bench/train_step.py (README). It changes no value computed.
-Elsewhere than Linux with glibc (musl, macOS, Windows) it does nothing and says so (returns False).
+What it costs: a mapped block's pages are fresh, so every large tensor of every step takes page
+faults (the kernel zeroes its pages) and an munmap, where a heap block would be reused warm. On
+small fast steps that is most of the step: shakespeare-char's bf16 step 43 -> 73 ms, multi30k-en-de's
+866 -> 1,266 ms (bench/train_step.py, AMD EPYC, 2 threads). So `mmap_threshold(setting,
+checkpointing)` (TrainConfig.malloc_mmap_threshold, applied by tasks/base.py before anything is
+built, for every recipe) fixes it by default only in a run that checkpoints its activations, which
+has chosen memory over speed already; None = that choice, 0 = glibc's dynamic threshold always, N =
+N bytes always. Where the environment sets glibc's own MALLOC_MMAP_THRESHOLD_, that stands. It
+changes no value computed. Elsewhere than Linux with glibc (musl, macOS, Windows) it does nothing
+and says so (fix_mmap_threshold returns False).
 
 Source: mallopt(3) (M_MMAP_THRESHOLD, M_TRIM_THRESHOLD); glibc manual, "Malloc Tunable Parameters".
 """
@@ -42,6 +47,15 @@ MAX = 32 << 20  # bytes: glibc's largest (HEAP_MAX_SIZE / 2 on 64-bit); mallopt 
 def is_glibc() -> bool:
     """Whether this process runs on Linux with glibc (where mallopt's M_MMAP_THRESHOLD exists)."""
     return platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+
+
+def mmap_threshold(setting: int | None, checkpointing: bool) -> int:
+    """The threshold a run fixes (bytes; 0 = none): `setting` (TrainConfig.malloc_mmap_threshold)
+    when given, else DEFAULT for a run that checkpoints its activations and 0 for one that does not
+    (module docstring: what it costs)."""
+    if setting is not None:
+        return setting
+    return DEFAULT if checkpointing else 0
 
 
 def fix_mmap_threshold(nbytes: int) -> bool:
