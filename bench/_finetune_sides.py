@@ -7,12 +7,14 @@ initial adapters, with the same optimizer settings.
     python bench/_finetune_sides.py peft   --init FILE --hf DIR [common options]
 
 Each prints one JSON line: per-step losses and seconds, tokens (input tokens without padding, and
-the response tokens the loss covers) and the process's peak resident memory.
+the response tokens the loss covers) and the process's peak resident memory. Our side sets up its
+process as `attnlab train` does before it loads the model (glibc's mmap threshold fixed as
+TrainConfig.malloc_mmap_threshold says: by default in a run that checkpoints its activations;
+train/host_memory.py) and says whether it did; peft's side keeps glibc's default, as peft's users run it.
 """
 from __future__ import annotations
 
 import argparse
-import ctypes
 import gc
 import json
 import resource
@@ -34,6 +36,7 @@ from attnlab.tasks.registry import get_task
 from attnlab.tokenizers import ByteLevelBPE
 from attnlab.tasks.instruction import InstructionObjective, render_pair
 from attnlab.train.config import TrainConfig
+from attnlab.train.host_memory import fix_mmap_threshold, mmap_threshold
 from attnlab.train.loop import Trainer, learning_rate
 from safetensors.torch import load_file, save_file
 
@@ -48,7 +51,8 @@ def examples(base, n: int) -> InstructionExamples:
 
 def train_config(args) -> TrainConfig:
     return TrainConfig(lr_schedule="constant", lr=args.lr, warmup_steps=args.warmup, beta1=0.9, beta2=0.999,
-                       eps=1e-8, weight_decay=0.0, clip_grad_norm=1.0, max_steps=args.steps, autocast=args.autocast)
+                       eps=1e-8, weight_decay=0.0, clip_grad_norm=1.0, max_steps=args.steps, autocast=args.autocast,
+                       malloc_mmap_threshold=args.malloc_mmap_threshold)
 
 
 def peak_rss_mb() -> float:
@@ -57,10 +61,10 @@ def peak_rss_mb() -> float:
 
 
 def reset_peak() -> None:
-    """Start measuring the peak resident memory anew (Linux: clear_refs 5 resets VmHWM), after handing
-    freed heap back to the system, so that the training steps' peak is not the loading's."""
+    """Start measuring the peak resident memory anew (Linux: clear_refs 5 resets VmHWM to the resident
+    memory now), so that the training steps' peak is not the loading's. No malloc_trim: the heap is
+    left as loading left it, as in a user's run."""
     gc.collect()
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
     Path("/proc/self/clear_refs").write_text("5")
 
 
@@ -199,9 +203,16 @@ def main():
     ap.add_argument("--base-dtype", default="fp32", help="ours: the frozen base's precision (auto = the GGUF's blocks)")
     ap.add_argument("--autocast", default="none", choices=["none", "bf16"], help="ours: TrainConfig.autocast")
     ap.add_argument("--checkpointing", action="store_true", help="ours: activation checkpointing of every layer")
+    ap.add_argument("--malloc-mmap-threshold", type=int,
+                    help="ours: TrainConfig.malloc_mmap_threshold, bytes (default: as attnlab train, 128 KiB with "
+                    "--checkpointing, else glibc's dynamic threshold; 0 = glibc's)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    print(json.dumps({"init": side_init, "ours": side_ours, "peft": side_peft}[args.side](args)))
+    # as `attnlab train` does (tasks/base.py), before the model loads; peft's side as peft's users run it
+    process = {"malloc_mmap_threshold": mmap_threshold(args.malloc_mmap_threshold, args.checkpointing)
+               if args.side == "ours" else 0}
+    process["mmap_threshold_fixed"] = fix_mmap_threshold(process["malloc_mmap_threshold"])
+    print(json.dumps({**{"init": side_init, "ours": side_ours, "peft": side_peft}[args.side](args), **process}))
 
 
 if __name__ == "__main__":

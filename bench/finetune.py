@@ -4,6 +4,7 @@
                                                                          # (also: no shared prefix, QLoRA, checkpointing)
     python bench/finetune.py --part curve    [--steps 100]               # the same, loss curves (1 thread each)
     python bench/finetune.py --part memory   [--steps 4]                 # peak memory: LoRA, QLoRA, full fine-tune
+                                                                         # (--malloc-mmap-threshold N / 0: fixed / glibc's)
     python bench/finetune.py --part zero-shot                            # test BLEU of SmolLM2 as it is
     python bench/finetune.py --part budget   --minutes 10 30             # LoRA and multi30k-en-de, same budgets
     python bench/finetune.py --part evaluate [--beams 1 4]               # test BLEU of the budget part's runs
@@ -96,6 +97,11 @@ def hf_export() -> Path:
     return folder
 
 
+def threshold_option(args) -> list[str]:
+    """Our sides' --malloc-mmap-threshold: none (as attnlab train decides: train/host_memory.py) or the one given."""
+    return [] if args.malloc_mmap_threshold is None else ["--malloc-mmap-threshold", str(args.malloc_mmap_threshold)]
+
+
 def rates(record: dict, warm: int) -> dict:
     """Input and response tokens per second over the steps after the first `warm`."""
     s = sum(record["seconds"][warm:])
@@ -107,7 +113,7 @@ def rates(record: dict, warm: int) -> dict:
 def part_step(args, curve: bool = False) -> dict:
     """Our LoRA step (the loop's, with and without the shared prefix) against peft + transformers."""
     threads = 1 if curve else args.threads
-    common = ["--steps", str(args.steps), "--batch-tokens", str(args.batch_tokens)]
+    common = ["--steps", str(args.steps), "--batch-tokens", str(args.batch_tokens), *threshold_option(args)]
     init = WORK / "init_adapters.safetensors"
     WORK.mkdir(parents=True, exist_ok=True)
     side("init", 1, "--out", str(init))
@@ -122,6 +128,7 @@ def part_step(args, curve: bool = False) -> dict:
         ours_plain = optional_side("ours", threads, "--init", str(init), "--no-share-prefix", *common)
         ours_q = optional_side("ours", threads, "--init", str(init), "--base-dtype", "auto", *common)
         ours_ckpt = optional_side("ours", threads, "--init", str(init), "--checkpointing", *common)
+        ours_dynamic = optional_side("ours", threads, "--init", str(init), *common, "--malloc-mmap-threshold", "0")
     warm = 0 if curve else min(2, args.steps - 1)
     rel = [abs(a - b) / abs(b) for a, b in zip(ours["losses"], peft["losses"])]
     record = {"steps": args.steps, "batch_tokens": args.batch_tokens, "rank": 8, "alpha": 16, "targets": 7,
@@ -135,7 +142,9 @@ def part_step(args, curve: bool = False) -> dict:
     r_ours, r_peft = rates(ours, warm), rates(peft, warm)
     out = {**record, "warmup_steps_excluded": warm, "ours": r_ours, "peft": r_peft,
            "speedup": round(r_ours["input_tokens_per_s"] / r_peft["input_tokens_per_s"], 3)}
-    for name, run in (("no_shared_prefix", ours_plain), ("qlora_q4_1", ours_q), ("checkpointing", ours_ckpt)):
+    out["ours"]["mmap_threshold_fixed"] = ours["mmap_threshold_fixed"]
+    for name, run in (("no_shared_prefix", ours_plain), ("qlora_q4_1", ours_q), ("checkpointing", ours_ckpt),
+                      ("glibc_dynamic_mmap_threshold", ours_dynamic)):
         if "error" in run:
             out[f"ours_{name}"] = run
             continue
@@ -143,34 +152,45 @@ def part_step(args, curve: bool = False) -> dict:
                                                              / peft["losses"][-1], 5),
              "peak_rss_mb": run["steps_peak_rss_mb"]}
         out[f"ours_{name}"], out[f"speedup_{name}"] = r, round(r["input_tokens_per_s"] / r_peft["input_tokens_per_s"], 3)
+    if "error" not in ours_dynamic:  # what fixing glibc's mmap threshold costs a step (< 1: slower)
+        out["fixed_mmap_threshold_over_dynamic_tokens_per_s"] = round(
+            r_ours["input_tokens_per_s"] / out["ours_glibc_dynamic_mmap_threshold"]["input_tokens_per_s"], 3)
     return out
 
 
 def part_memory(args) -> dict:
-    """Peak resident memory of the training steps (after loading): LoRA on the fp32 base, LoRA on the
-    GGUF's own Q4_1 blocks (QLoRA), and the full fine-tune, each in its own process, without and with
-    activation checkpointing."""
+    """Peak resident memory of the training steps: LoRA on the fp32 base, LoRA on the GGUF's own Q4_1
+    blocks (QLoRA), and the full fine-tune, each in its own process set up as `attnlab train` sets
+    up its own (glibc's mmap threshold fixed before the model loads in a run that checkpoints its
+    activations; --malloc-mmap-threshold N: N bytes in every run, 0 = glibc's dynamic threshold in
+    every run), without and with activation checkpointing."""
     init = WORK / "init_adapters.safetensors"
-    common = ["--init", str(init), "--steps", str(args.steps), "--batch-tokens", str(args.batch_tokens)]
+    common = ["--init", str(init), "--steps", str(args.steps), "--batch-tokens", str(args.batch_tokens),
+              *threshold_option(args)]
     WORK.mkdir(parents=True, exist_ok=True)
     side("init", 1, "--out", str(init))
     variants = {"lora_fp32": [], "qlora_q4_1": ["--base-dtype", "auto"], "full": ["--rank", "0", "--lr", "1e-5"]}
     runs = {f"{name}{suffix}": side("ours", args.threads, *common, *options, *more)
             for suffix, more in (("", []), ("_checkpointing", ["--checkpointing"])) for name, options in variants.items()}
-    out = {k: {"steps_peak_rss_mb": r["steps_peak_rss_mb"], "rss_before_steps_mb": r["rss_before_steps_mb"],
-               "process_peak_rss_mb": r["peak_rss_mb"], "trainable_parameters": r["trainable_parameters"],
-               "optimizer_state_bytes": r["optimizer_state_bytes"]} for k, r in runs.items()}
-    ratios = {f"{name}{suffix}_over_full{suffix}": round(out[f"{name}{suffix}"]["steps_peak_rss_mb"]
-                                                         / out[f"full{suffix}"]["steps_peak_rss_mb"], 3)
+    keys = ("steps_peak_rss_mb", "rss_before_steps_mb", "trainable_parameters", "optimizer_state_bytes",
+            "malloc_mmap_threshold", "mmap_threshold_fixed")
+    out = {k: {**{key: r[key] for key in keys}, "process_peak_rss_mb": r["peak_rss_mb"]} for k, r in runs.items()}
+    ratios = {f"{name}{suffix}_over_full{suffix}{peak}": round(out[f"{name}{suffix}"][key]
+                                                               / out[f"full{suffix}"][key], 3)
+              for peak, key in (("", "steps_peak_rss_mb"), ("_process_peak", "process_peak_rss_mb"))
               for suffix in ("", "_checkpointing") for name in ("lora_fp32", "qlora_q4_1")}
-    return {"steps": args.steps, "batch_tokens": args.batch_tokens, **out, **ratios,
-            "note": "peak resident memory of the training steps, after loading (VmHWM reset after malloc_trim); "
-                    "a process with torch imported holds ~250 MB before any model",
+    given = "as attnlab train decides" if args.malloc_mmap_threshold is None else args.malloc_mmap_threshold
+    return {"steps": args.steps, "batch_tokens": args.batch_tokens, "malloc_mmap_threshold": given, **out, **ratios,
+            "note": "steps_peak_rss_mb: the peak resident memory of the training steps (VmHWM reset through "
+                    "/proc/self/clear_refs after loading, no malloc_trim: the heap as loading left it); "
+                    "process_peak_rss_mb: the whole process's (loading included); mmap_threshold_fixed: whether "
+                    "the process fixed glibc's mmap threshold before loading, as attnlab train does "
+                    "(train/host_memory.py); a process with torch imported holds ~250 MB before any model",
             "like_for_like": "every variant runs the loop's own step (Trainer._train_step) on the same batches with "
                              "the same loss implementation (InstructionObjective.loss: the output projection and "
                              "cross-entropy in chunks of positions, nn/linear_cross_entropy.py), shared prompt "
-                             "prefix, Adam (foreach); a *_checkpointing variant and its full_checkpointing "
-                             "denominator both checkpoint every layer, the others neither"}
+                             "prefix, Adam (foreach), the same process setup; a *_checkpointing variant and its "
+                             "full_checkpointing denominator both checkpoint every layer, the others neither"}
 
 
 def part_zero_shot(args) -> dict:
@@ -236,6 +256,9 @@ def main():
     ap.add_argument("--minutes", type=float, nargs="+", default=[10, 30], help="budget: the budgets, in order")
     ap.add_argument("--beams", type=int, nargs="+", default=[1, 4], help="evaluate: beam sizes (1 = greedy)")
     ap.add_argument("--limit", type=int, help="zero-shot / evaluate: the first N test sentences only")
+    ap.add_argument("--malloc-mmap-threshold", type=int,
+                    help="step / curve / memory: our sides' TrainConfig.malloc_mmap_threshold, bytes, in every side "
+                    "(default: as attnlab train decides; 0 = glibc's dynamic threshold; train/host_memory.py)")
     ap.add_argument("--json", help="merge this part's record into this JSON file")
     args = ap.parse_args()
     args.steps = args.steps or {"step": 12, "curve": 100, "memory": 4}.get(args.part, 0)
@@ -246,7 +269,9 @@ def main():
     if args.json:
         path = Path(args.json)
         merged = json.loads(path.read_text()) if path.is_file() else {}
-        merged[args.part] = record
+        key = args.part if args.malloc_mmap_threshold is None else \
+            f"{args.part}_malloc_mmap_threshold_{args.malloc_mmap_threshold}"  # a setting's record beside the default's
+        merged[key] = record
         write_json_atomic(path, merged)  # a kill mid-write leaves the old file, not a part
 
 

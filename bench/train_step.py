@@ -29,6 +29,13 @@ the most self CPU time (ms per step), to say where a step's time goes.
 
     python bench/train_step.py [--recipes shakespeare-char ...] [--candidates fp32 bf16 ...]
                                [--steps 4] [--rounds 6] [--threads 2] [--nanogpt] [--profile 10]
+                               [--malloc-mmap-threshold BYTES]
+
+The process is set up as `attnlab train` sets up its own before building a model (glibc's mmap
+threshold as TrainConfig.malloc_mmap_threshold says: these recipes do not checkpoint activations,
+so glibc's dynamic threshold, unless --malloc-mmap-threshold N fixes it; train/host_memory.py). A
+process-wide setting: what it costs a step is measured by two runs, with and without; the JSON
+says whether it was set.
 """
 from __future__ import annotations
 
@@ -48,6 +55,7 @@ from _nanogpt_step import NanoGPTStep
 from attnlab.recipes import get_recipe
 from attnlab.tasks.base import RunSpec
 from attnlab.tasks.registry import task_of_recipe
+from attnlab.train.host_memory import fix_mmap_threshold, mmap_threshold
 from attnlab.train.loop import Trainer
 from attnlab.train.speed import autocast_context
 
@@ -219,13 +227,18 @@ def main() -> None:
                     help="profile N more steps of each candidate (operator counts, top self CPU time)")
     ap.add_argument("--warm-compile-cache", action="store_true",
                     help="keep inductor's compiled-kernel cache (default: a fresh one, the compile time of a first run)")
+    ap.add_argument("--malloc-mmap-threshold", type=int,
+                    help="bytes, fixed before building a model (default: as attnlab train, none here; 0 = glibc's)")
     args = ap.parse_args()
+    args.malloc_mmap_threshold = mmap_threshold(args.malloc_mmap_threshold, checkpointing=False)
+    fixed = fix_mmap_threshold(args.malloc_mmap_threshold)  # before any model: tasks/base.py's order
     if not args.warm_compile_cache:
         cache = tempfile.TemporaryDirectory(prefix="inductor-")  # removed at exit
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache.name
     torch.set_num_threads(args.threads)
     record = {"bench": "train_step", "host": host(args.threads), "steps_per_round": args.steps,
-              "rounds": args.rounds, "compile_cache": "warm" if args.warm_compile_cache else "cold"}
+              "rounds": args.rounds, "compile_cache": "warm" if args.warm_compile_cache else "cold",
+              "malloc_mmap_threshold": args.malloc_mmap_threshold, "mmap_threshold_fixed": fixed}
     if not args.no_probes:
         record["gemm_gflops"] = gemm_probe(768, 128, 512)
         record["attention"] = attention_probe(12, 4, 64, 32)

@@ -30,6 +30,7 @@ from attnlab.train import distributed
 from attnlab.train.checkpoint import load_weights
 from attnlab.train.config import TrainConfig
 from attnlab.train.guards import check_batch_memory
+from attnlab.train.host_memory import fix_mmap_threshold, mmap_threshold
 from attnlab.train.objective import Objective
 from attnlab.train.run_dir import (check_model_dir, check_out_dir, check_resume_recipe, read_run_config, run_lock,
                                    start_run_dir)
@@ -185,7 +186,8 @@ class Task:
     def _settings(self, out: Path, recipe, resume: bool) -> RunSpec:
         """A resumed run takes its own saved settings (after checking its recipe), with the budgets
         (totals) of recipe.train; a new run takes the recipe's. Refuses a batch that cannot fit in
-        memory (batch_memory) before anything is allocated. Sets torch's threads when named."""
+        memory (batch_memory) before anything is allocated. Sets torch's threads when named, and
+        glibc's mmap threshold before any model is loaded (train/host_memory.py)."""
         check_out_dir(out, resume)
         if resume:
             saved, model_cfg, data_cfg, saved_train = self.read_config(out)
@@ -203,6 +205,8 @@ class Task:
             check_batch_memory(field_name, getattr(data_cfg, field_name), tokens, need)
         if train_cfg.threads:
             torch.set_num_threads(train_cfg.threads)
+        fix_mmap_threshold(mmap_threshold(train_cfg.malloc_mmap_threshold,
+                                          getattr(model_cfg, "activation_checkpointing", False)))
         return RunSpec(out, resume, recipe.name, model_cfg, data_cfg, train_cfg, saved)
 
     def train(self, recipe, out: str | Path, resume: bool = False) -> dict:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Literal, Optional
 
 from attnlab.config import Config, check, check_finite, check_literals
+from attnlab.train import host_memory
 
 
 @dataclass
@@ -49,6 +50,11 @@ class TrainConfig(Config):
     threads: int = 0                  # torch threads; 0 = all cores (one per process under torchrun)
     parallel: Literal["ddp", "fsdp"] = "ddp"  # with several processes (torchrun): DistributedDataParallel
                                       # (replicas) or FSDP2 fully_shard (sharded); ignored in one process
+    malloc_mmap_threshold: Optional[int] = None  # bytes: glibc maps blocks this large and more on their own,
+                                      # fixed before the model loads, so freed tensors leave the resident memory
+                                      # at once, for page faults each step (train/host_memory.py); None = 128 KiB
+                                      # in a run that checkpoints its activations (memory over speed), glibc's
+                                      # dynamic threshold otherwise; 0 = glibc's always
 
     def __post_init__(self):
         check_literals(self)
@@ -70,3 +76,6 @@ class TrainConfig(Config):
         check(self.average_last >= 0, "average_last", ">= 0", self.average_last)
         check(self.clip_grad_norm >= 0, "clip_grad_norm", ">= 0", self.clip_grad_norm)
         check(self.threads >= 0, "threads", ">= 0", self.threads)
+        check(self.malloc_mmap_threshold is None or 0 <= self.malloc_mmap_threshold <= host_memory.MAX,
+              "malloc_mmap_threshold", f"None or in [0, {host_memory.MAX}] bytes (0 = glibc's dynamic threshold)",
+              self.malloc_mmap_threshold)
