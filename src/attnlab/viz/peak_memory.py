@@ -8,7 +8,6 @@ minus the RSS before the call is the call's peak extra memory.
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import re
 import sys
@@ -17,8 +16,7 @@ from pathlib import Path
 import torch
 
 from attnlab.nn.attention import scaled_dot_product_attention
-
-M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
+from attnlab.train.host_memory import fix_mmap_threshold
 
 
 def _status(key: str) -> int:
@@ -33,7 +31,7 @@ def supported() -> bool:
 
 def peak_bytes(impl: str, heads: int, head_dim: int, lengths: list[int]) -> dict[int, int]:
     """{T: peak extra bytes of one causal attention call over T tokens} (batch 1, fp32)."""
-    ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, 1 << 16)
+    fix_mmap_threshold(1 << 16)  # train/host_memory.py (glibc's own MALLOC_MMAP_THRESHOLD_ stands)
     out = {}
     for t in lengths:
         q, k, v = (torch.randn(1, heads, t, head_dim) for _ in range(3))  # (B, H, T, Dh)
