@@ -23,25 +23,18 @@ from pathlib import Path
 
 import torch
 from _common import host
+from _recipe_trainer import build_trainer, prepare, windows
 
 from attnlab.recipes import get_recipe
-from attnlab.tasks.base import RunSpec
-from attnlab.tasks.registry import task_of_recipe
 from attnlab.train.loop import Trainer
 
 
-def trainer(name: str, overrides: list[str], root: Path) -> tuple[Trainer, list]:
+def recipe_trainer(name: str, overrides: list[str], root: Path) -> tuple[Trainer, list]:
     """Recipe `name`'s Trainer at its defaults (plus `overrides`) and its first batches, one window a step."""
     recipe = get_recipe(name).with_overrides(overrides)
-    task = task_of_recipe(recipe)
-    prepared = task.prepare(RunSpec(root / "prepare", False, recipe.name, recipe.model, recipe.data, recipe.train,
-                                    None))
+    task, prepared = prepare(recipe, root)
     torch.manual_seed(recipe.train.seed)
-    model = task.build_model(prepared.model_cfg)
-    run = Trainer(model, prepared.objective, recipe.train, root / "run", getattr(prepared.model_cfg, "d_model", 1))
-    group = recipe.train.grad_accum_steps
-    batches = prepared.objective.batches(0)
-    return run, [batches[i:i + group] for i in range(0, group * 40, group)]
+    return build_trainer(task, prepared, recipe.train, root / "run"), windows(recipe, prepared, 40)
 
 
 def main() -> None:
@@ -55,7 +48,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        runs = {name: trainer(name, args.set, Path(tmp) / name) for name in args.recipes}
+        runs = {name: recipe_trainer(name, args.set, Path(tmp) / name) for name in args.recipes}
         times: dict[str, list[float]] = {name: [] for name in args.recipes}
         tokens = {}
         for name, (run, windows) in runs.items():

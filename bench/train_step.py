@@ -51,10 +51,9 @@ import torch
 import torch.nn.functional as F
 from _common import host
 from _nanogpt_step import NanoGPTStep
+from _recipe_trainer import build_trainer, prepare, windows
 
 from attnlab.recipes import get_recipe
-from attnlab.tasks.base import RunSpec
-from attnlab.tasks.registry import task_of_recipe
 from attnlab.train.host_memory import fix_mmap_threshold, mmap_threshold
 from attnlab.train.loop import Trainer
 from attnlab.train.speed import autocast_context
@@ -113,21 +112,12 @@ def trainers(name: str, candidates: list[str], root: Path) -> tuple[dict, list, 
     """One Trainer per candidate on recipe `name` (same data, same initial weights), the batches and
     the prepared run (tasks.base.Prepared)."""
     recipe = get_recipe(name)
-    task = task_of_recipe(recipe)
-    spec = RunSpec(root / "prepare", False, recipe.name, recipe.model, recipe.data, recipe.train, None)
-    prepared = task.prepare(spec)
+    task, prepared = prepare(recipe, root)
     torch.manual_seed(recipe.train.seed)
     initial = task.build_model(prepared.model_cfg).state_dict()
-    out = {}
-    for c in candidates:
-        cfg = recipe.train.from_dict({**recipe.train.to_dict(), **CANDIDATES[c]})
-        model = task.build_model(prepared.model_cfg)
-        model.load_state_dict(initial)
-        d_model = getattr(prepared.model_cfg, "d_model", 1)
-        out[c] = Trainer(model, prepared.objective, cfg, root / c, d_model)
-    group = recipe.train.grad_accum_steps
-    batches = prepared.objective.batches(0)
-    return out, [batches[i:i + group] for i in range(0, group * (WARMUP + 32), group)], prepared
+    cfgs = {c: recipe.train.from_dict({**recipe.train.to_dict(), **CANDIDATES[c]}) for c in candidates}
+    out = {c: build_trainer(task, prepared, cfg, root / c, initial) for c, cfg in cfgs.items()}
+    return out, windows(recipe, prepared, WARMUP + 32), prepared
 
 
 def autograd_nodes(loss: torch.Tensor) -> int:
