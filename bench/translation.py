@@ -87,7 +87,7 @@ def run_ours(recipe, out: Path, resume: bool, limit: int | None = None) -> dict:
         "out": str(out), "parameters": summary["parameters"], "steps": summary["steps"],
         "test_bleu_beam4": beam["bleu"], "test_bleu_greedy": greedy["bleu"],
         "test_beam4_s": beam["seconds"], "test_greedy_s": greedy["seconds"],
-        "best_val_bleu_greedy": summary["best"], "best_step": summary["best_step"], "val_bleu_curve_s": curve,
+        "kept_by": recipe.data.best_metric, "best": summary["best"], "best_step": summary["best_step"], "val_bleu_curve_s": curve,
         "val_bleu_greedy_averaged_last": averaged[-1] if averaged else None,
         "tgt_tokens_per_s": summary["tokens_per_s"], "tgt_tokens_per_s_in_steps": round(step_rate, 1),
         "s_per_step": round(summary["time_s"]["train_steps"] / max(summary["steps"], 1), 3),

@@ -113,7 +113,7 @@ def main() -> None:
         "schedule": f"clock replayed over {steps} steps" if args.clock_steps else "steps",
         "val_loss": evals[-1 - bool(averaged)]["val_loss"],  # of the trained (not averaged) weights
         "val_bleu_greedy_full": val["bleu"], "kept": "average" if summary["best_step"] == summary["steps"]
-        and averaged and averaged[-1]["val_bleu"] == summary["best"] else f"step {summary['best_step']}",
+        and averaged and averaged[-1][recipe.data.best_metric] == summary["best"] else f"step {summary['best_step']}",
         "val_bleu_curve": [[r["step"], r["val_bleu"]] for r in evals if "averaged" not in r],
         "val_bleu_averaged": averaged[-1]["val_bleu"] if averaged else None,
         "time_s": {k: v for k, v in summary["time_s"].items() if not (args.clock_steps and k == "train_steps")},

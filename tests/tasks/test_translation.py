@@ -86,3 +86,21 @@ def test_diverged_loss_stops_without_touching_the_weights(tiny_multi30k, tmp_pat
     assert state["step"] == 2  # the checkpoint of step 2 (checkpoint_every=2) is intact
     weights = load_file(str(tmp_path / "run" / "checkpoint" / "model.safetensors"))
     assert all(torch.isfinite(w).all() for w in weights.values())
+
+
+@pytest.mark.parametrize("metric,pick", [("val_loss", min), ("val_bleu", max)])
+def test_the_kept_weights_are_the_best_by_best_metric(tiny_multi30k, tmp_path, metric, pick):
+    out = tmp_path / metric
+    result = TRANSLATION.train(tiny_recipe(12, [f"best_metric={metric}", "average_last=0"]), out)
+    evals = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in evals if "val_bleu" in r]
+    assert [r["step"] for r in evals] == [4, 8, 12]
+    best = pick(evals, key=lambda r: r[metric])  # the first of equals, as the loop keeps the first
+    assert (result["best"], result["best_step"]) == (best[metric], best["step"])
+    objective_metric = json.loads((out / "config.json").read_text())["data"]["best_metric"]
+    assert objective_metric == metric
+
+
+def test_best_metric_names_the_allowed_values():
+    with pytest.raises(ValueError, match="best_metric.*val_bleu.*val_loss"):
+        tiny_recipe(1, ["best_metric=bleu"])
