@@ -14,6 +14,12 @@ with dropout 0.1, 22.90). The cosine's last weights beat every average of its la
 (24.89 to 23.37 for 2 to 5), so none are averaged. Longer runs set their own
 (bench/translation.py's 70-minute command in the README: Noam, dropout 0.2, averaging).
 
+The peak is 3e-3 since bf16 steps made the 10 minutes hold ~620–640 steps (AMD EPYC): at 640
+steps with the clock replayed (bench/translation_sweep.py --clock-steps 640, one seed, whole
+validation split) a 3e-3 peak reached validation loss 2.357 and BLEU 30.92 greedy / 31.60 beam 4,
+where the two 10-minute demo runs at 2e-3 ended at 2.509 and 2.567 (beam 4: 30.70, 29.85); a
+warm-up of 100 steps instead of 200 (at 2e-3), 2.474 and 29.16 / 30.57.
+
 Shorter budgets: the warm-up is 200 steps or 55% of the minutes budget, whichever ends first
 (warmup_ratio; optim.budget_warmup). At 2 cores the 10 minutes hold 370–530 steps, so step 200
 comes before 55% of the budget and the run is exactly the one tuned above (a steady run of N steps
@@ -63,7 +69,7 @@ def recipe():
         data=TranslationDataConfig(dataset="multi30k", src_lang="en", tgt_lang="de", tokenizer_vocab_size=8000,
                                    batch_tokens=3000, label_smoothing=0.1, eval_bleu_sentences=300, beam_size=4,
                                    length_penalty=0.6, best_metric="val_loss"),
-        train=TrainConfig(lr_schedule="cosine", lr=2e-3, min_lr=0.0, warmup_steps=200, warmup_ratio=0.55,
+        train=TrainConfig(lr_schedule="cosine", lr=3e-3, min_lr=0.0, warmup_steps=200, warmup_ratio=0.55,
                           eval_every=250,
                           checkpoint_every=50, average_last=0, minutes=10.0, **fast),
     )
