@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -35,6 +36,11 @@ import torch.nn.functional as F
 from attnlab.errors import UserError
 from attnlab.nn import cpu_tuning
 from attnlab.nn.quant import BLOCK, SCHEMES, QuantWeight, dequantize, quantize_activations
+
+try:
+    import fcntl  # POSIX; the extension is only built on x86-64 Linux (_cpu_has_vnni)
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None
 
 SOURCES = [Path(__file__).with_name(n) for n in ("quant_kernel.cpp", "fused_decode.cpp", "ssm_scan.cpp",
                                                   "causal_conv.cpp")]
@@ -74,6 +80,34 @@ def _extension_name() -> str:
     return f"attnlab_kernels_{digest.hexdigest()[:12]}"
 
 
+def build_directory(name: str) -> Path:
+    """Where the extension `name` builds: $TORCH_EXTENSIONS_DIR or ~/.cache/torch_extensions, then
+    py<major><minor>_cpu/<name>, the directory torch.utils.cpp_extension would choose itself."""
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")
+    return root / f"py{sys.version_info.major}{sys.version_info.minor}_cpu" / name
+
+
+@contextmanager
+def build_lock(directory: Path):
+    """Hold an exclusive flock on directory/attnlab.lock around a build, released by the kernel when
+    the process ends, however it ends.
+
+    torch's own guard is a file (directory/lock) that exists while a build runs: a builder killed
+    in the middle (kill -9, a paused job's timeout) leaves it behind, and every later load of that
+    version then waits for it forever, silently. Every attnlab build holds this lock, so a `lock`
+    file found while holding it belongs to no live build: it is removed, with a note on stderr.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / "attnlab.lock", "a") as handle:
+        if fcntl is not None:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        baton = directory / "lock"
+        if baton.exists():
+            print(f"attnlab: removing {baton}, left by a kernel build that did not finish", file=sys.stderr)
+            baton.unlink(missing_ok=True)
+        yield
+
+
 def _build() -> str | None:
     """Compile and load the extension; return None, or the reason it is not available."""
     if os.environ.get("ATTNLAB_QUANT_KERNEL", "") == "torch":
@@ -82,9 +116,11 @@ def _build() -> str | None:
         return "this CPU has no AVX512-VNNI"
     try:
         from torch.utils import cpp_extension  # optional: needs a C++ compiler and ninja at run time
-        cpp_extension.load(name=_extension_name(), sources=[str(p) for p in SOURCES], extra_cflags=FLAGS,
-                           extra_ldflags=LDFLAGS,
-                           is_python_module=False, verbose=False)
+        name = _extension_name()
+        with build_lock(build_directory(name)):
+            cpp_extension.load(name=name, sources=[str(p) for p in SOURCES], extra_cflags=FLAGS,
+                               extra_ldflags=LDFLAGS, build_directory=str(build_directory(name)),
+                               is_python_module=False, verbose=False)
         set_tuning(**cpu_tuning.kernel_settings(cpu_tuning.choose()))  # this machine's row (speed only)
         torch.library.register_fake("attnlab_quant::linear")(_fake)
         torch.library.register_fake("attnlab_quant::linear_f32")(_fake_f32)
