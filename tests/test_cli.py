@@ -31,6 +31,14 @@ def test_train_evaluate_translate(trained, capsys):
     assert len(capsys.readouterr().out.splitlines()) == 2
 
 
+def test_evaluate_takes_the_length_penalty_of_the_search(trained, capsys):
+    capsys.readouterr()
+    assert main(["evaluate", "--model", str(trained), "--limit", "5", "--beam", "2"]) == 0
+    assert json.loads(capsys.readouterr().out)["length_penalty"] == 0.6  # the run's own
+    assert main(["evaluate", "--model", str(trained), "--limit", "5", "--beam", "2", "--length-penalty", "1"]) == 0
+    assert json.loads(capsys.readouterr().out)["length_penalty"] == 1.0
+
+
 def test_translate_reads_stdin_and_skips_empty_lines_keeping_alignment(trained):
     r = run_cli("translate", "--model", str(trained), "--beam", "1", stdin="A dog.\n\nA cat.\n")
     assert r.returncode == 0, r.stderr
@@ -95,6 +103,7 @@ def test_existing_run_is_not_overwritten(trained, capsys):
     (["train", "--recipe", "multi30k-en-de", "--set", "n_heads=3"], "d_model must be divisible by n_heads=3"),
     (["evaluate", "--model", "/nonexistent/run"], "is not a directory"),
     (["evaluate", "--model", ".", "--beam", "0"], "must be in 1..64"),
+    (["evaluate", "--model", ".", "--length-penalty", "-1"], "must be a finite number >= 0"),
     (["train", "--recipe", "multi30k-en-de", "--set", "eps=0"], "eps must be > 0"),
     (["train"], "the following arguments are required: --recipe"),
 ])

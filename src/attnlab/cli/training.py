@@ -9,7 +9,7 @@ import signal
 import sys
 from pathlib import Path
 
-from attnlab.cli.args import beam, positive_float, positive_int
+from attnlab.cli.args import beam, nonnegative_float, positive_float, positive_int
 from attnlab.errors import UserError
 from attnlab.files import DiskFullError
 from attnlab.nn.quant_linear import FLOAT_DTYPES
@@ -79,6 +79,7 @@ def cmd_train(args) -> None:
 
 def cmd_evaluate(args) -> None:
     print(json.dumps(evaluate_run(args.model, args.split, args.limit, beam=args.beam,
+                                  length_penalty=args.length_penalty,
                                   dtype=None if args.dtype == "fp32" else args.dtype)))
 
 
@@ -104,6 +105,8 @@ def add_training_parsers(sub) -> None:
     e.add_argument("--limit", type=positive_int, help="only the first N sentences (translation) or tokens (LM)")
     e.add_argument("--beam", type=beam, help="translation beam size 1..64 (1 = greedy; default: the run's "
                    "beam_size, 4)")
+    e.add_argument("--length-penalty", type=nonnegative_float, metavar="ALPHA",
+                   help="translation: α of beam search's length penalty (default: the run's length_penalty, 0.6)")
     e.add_argument("--dtype", choices=(*FLOAT_DTYPES, *SCHEMES), default="fp32",
                    help="language models: score with the weights at fp32 (default), bf16 or a block "
                    "quantization q8_0 / q4_0 / q4_1")

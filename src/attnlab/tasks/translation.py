@@ -185,7 +185,7 @@ class TranslationTask(Task):
     model_class = Seq2SeqTransformer
     model_config = Seq2SeqConfig
     data_config = TranslationDataConfig
-    evaluate_options = ("beam",)
+    evaluate_options = ("beam", "length_penalty")
 
     def load_tokenizer(self, path: Path) -> ByteLevelBPE:
         return ByteLevelBPE.load(path / "tokenizer.json")
@@ -216,10 +216,12 @@ class TranslationTask(Task):
         return Prepared(model_cfg, objective, save_files=lambda out: tokenizer.save(out / "tokenizer.json"),
                         summary=f"{len(train)} training pairs, {train.target_tokens()} target tokens per epoch")
 
-    def evaluate_run(self, run: LoadedModel, split: str | None, limit: int | None, beam: int | None = None) -> dict:
+    def evaluate_run(self, run: LoadedModel, split: str | None, limit: int | None, beam: int | None = None,
+                     length_penalty: float | None = None) -> dict:
         """sacreBLEU on a split ("val", "test" = the recipe's test split, or a file stem such as
         "test_2016_flickr") against the raw references, decoding with `beam` (default: the run's
-        beam_size), the run's length_penalty and beam_stopping.
+        beam_size), `length_penalty` (α of the GNMT penalty, Wu et al. 2016 §7; default: the run's)
+        and the run's beam_stopping.
 
         Returns:
             {"split", "n", "bleu", "beam", "length_penalty"}.
@@ -234,6 +236,9 @@ class TranslationTask(Task):
         if limit is not None:
             src, refs = src[:limit], refs[:limit]
         beam = beam or data.beam_size
-        hyps = translate(run.model, run.tokenizer, src, beam, data.length_penalty, data.beam_stopping)
+        alpha = data.length_penalty if length_penalty is None else length_penalty
+        if alpha < 0:
+            raise UserError(f"length_penalty must be >= 0, got {alpha}", param="length_penalty")
+        hyps = translate(run.model, run.tokenizer, src, beam, alpha, data.beam_stopping)
         return {"split": name, "n": len(src), "bleu": round(corpus_bleu(hyps, refs), 2), "beam": beam,
-                "length_penalty": data.length_penalty}
+                "length_penalty": alpha}
