@@ -11,6 +11,8 @@ sequence exactly (bit for bit) what its batch-1 step gives.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -240,3 +242,48 @@ def test_the_step_gives_the_same_bits_on_one_thread_and_on_two_in_either_threadi
         torch.set_num_threads(before)
         set_tuning(**tuning)
     assert torch.equal(out[0], out[1]) and torch.equal(out[0], out[2])
+
+
+def mha_copy(model: GPT) -> GPT:
+    """`model` (GQA) with each kv head repeated for the query heads that read it: the same function."""
+    cfg = model.cfg
+    twin = GPT(dataclasses.replace(cfg, n_kv_heads=cfg.n_heads)).eval()
+    state, group = model.state_dict(), cfg.n_heads // cfg.n_kv_heads
+    for name, value in list(state.items()):
+        if name.endswith(("k_proj.weight", "v_proj.weight")):
+            state[name] = value.view(cfg.n_kv_heads, -1, cfg.d_model).repeat_interleave(group, 0).flatten(0, 1)
+    twin.load_state_dict(state)
+    return twin
+
+
+def test_a_head_gets_the_same_bits_whether_its_kv_head_is_shared_or_not():
+    # attention takes a kv head's query heads in one pass (nn/decode_attention.h): each head's
+    # arithmetic stays its own, so GQA and its MHA copy give the same logits bit for bit
+    model = tiny("fp32")
+    batch = prompts((1, 7, 64))
+    out = []
+    for m in (model, mha_copy(model)):
+        engine = FusedEngine(m, 3, 80)
+        out.append(torch.stack([engine.prefill(range(3), batch)] + [engine.step(range(3), [5, 6, 7]) for _ in range(3)]))
+    assert torch.equal(out[0], out[1])
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "q8_0"])
+def test_attention_split_by_context_length_over_two_threads_gives_the_same_bits(dtype):
+    # sequences of very different lengths: the members' shares of attention follow the slots read
+    # (fused_decode.cpp attention); every head is still one thread's, in one order
+    model = tiny(dtype)
+    batch = prompts((1, 7, 64, 300))
+    before, tuning = torch.get_num_threads(), get_tuning()
+    out = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            set_tuning(one_region=1)
+            engine = FusedEngine(model, 4, 310)
+            engine.prefill(range(4), batch)
+            out.append(torch.stack([engine.step(range(4), [5, 6, 7, 8]) for _ in range(3)]))
+    finally:
+        torch.set_num_threads(before)
+        set_tuning(**tuning)
+    assert torch.equal(out[0], out[1])

@@ -4,10 +4,9 @@
 //               x · (1 / sqrt(Σx² / n + ε)) · g as nn/norm.py: bit for bit PyTorch's
 //   RoPE        x·cos + rotate_half(x)·sin, three roundings as nn/rope.py (no FMA: -ffp-contract=off)
 //   SiLU(g)·u   g / (1 + exp(−g)) with Sleef's exp, as F.silu: bit for bit PyTorch's
-//   attention   softmax(q kᵀ / √Dh) v for one query: dot products, max, exp, sum in our own order
-// Shapes: x, g (n,); heads (n, Dh); k, v (S, Dh) of one kv head; fp32 throughout.
-// Source: ggml-cpu's rms_norm, rope_neox, soft_max and swiglu (same algebra); Zhang & Sennrich 2019
-// (RMSNorm), Su et al. 2021 (RoPE), Shazeer 2020 (SwiGLU), Vaswani et al. 2017 eq. (1).
+// (attention: decode_attention.h.) Shapes: x, g (n,); heads (n, Dh); fp32 throughout.
+// Source: ggml-cpu's rms_norm, rope_neox and swiglu (same algebra); Zhang & Sennrich 2019 (RMSNorm),
+// Su et al. 2021 (RoPE), Shazeer 2020 (SwiGLU).
 #pragma once
 
 #include <immintrin.h>
@@ -134,36 +133,6 @@ inline void swiglu(const float* g, const float* u, int64_t n, float* y) {
     const __m512 gv = _mm512_maskz_loadu_ps(k, g + i);
     const __m512 silu = _mm512_div_ps(gv, _mm512_add_ps(one, exp16(_mm512_xor_ps(gv, sign))));
     _mm512_mask_storeu_ps(y + i, k, _mm512_mul_ps(silu, _mm512_maskz_loadu_ps(k, u + i)));
-  }
-}
-
-// out (Dh) = softmax(q · k_j / √Dh) v_j over the n slots from k, v (n, Dh); p: scratch (n)
-inline void attend_head(const float* q, const float* k, const float* v, int64_t n, int64_t dh, float* p, float* out) {
-  const float scale = 1.0f / std::sqrt((float)dh);
-  float mx = -INFINITY;
-  for (int64_t j = 0; j < n; ++j) mx = std::max(mx, p[j] = dot(q, k + j * dh, dh) * scale);
-  __m512 acc = _mm512_setzero_ps();
-  for (int64_t j = 0; j < n; j += 16) {
-    const __mmask16 m = lanes_from(j, n);
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, p + j), _mm512_set1_ps(mx)));
-    _mm512_mask_storeu_ps(p + j, m, e);
-    acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(m, e));
-  }
-  const float inv = 1.0f / _mm512_reduce_add_ps(acc);
-  // out = Σ_j (p_j · inv) v_j, each 16-lane chunk of Dh summed over j in order; up to 4 chunks side by
-  // side (independent FMA chains: the same additions, not one chain of n latencies per chunk)
-  for (int64_t i0 = 0; i0 < dh; i0 += 64) {
-    const int chunks = (int)std::min<int64_t>(4, (dh - i0 + 15) / 16);
-    __mmask16 m[4];
-    __m512 o[4];
-    for (int c = 0; c < 4; ++c) m[c] = c < chunks ? lanes_from(i0 + 16 * c, dh) : (__mmask16)0, o[c] = _mm512_setzero_ps();
-    for (int64_t j = 0; j < n; ++j) {
-      const __m512 pj = _mm512_set1_ps(p[j] * inv);
-      const float* vj = v + j * dh + i0;
-      for (int c = 0; c < 4; ++c)
-        if (c < chunks) o[c] = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(m[c], vj + 16 * c), o[c]);
-    }
-    for (int c = 0; c < chunks; ++c) _mm512_mask_storeu_ps(out + i0 + 16 * c, m[c], o[c]);
   }
 }
 

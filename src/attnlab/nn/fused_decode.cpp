@@ -33,13 +33,14 @@
 #include <cmath>
 #include <vector>
 
+#include "decode_attention.h"
 #include "decode_matvec.h"
 #include "decode_ops.h"
 
 namespace attnlab_decode {
 namespace {
 
-constexpr int64_t kParallelAttention = 1 << 13;  // H · S · Dh from which heads are split over threads
+constexpr int64_t kParallelAttention = 1 << 13;  // H · S · Dh from which attention is split over threads
 
 struct Layer {
   at::Tensor attn_norm, ffn_norm;  // (D,) fp32 gains
@@ -159,25 +160,46 @@ void DecodePlan::embed(int64_t token, float* x) const {
 }
 
 // out (N, H·Dh): for each sequence n, its q (row n of qkv (N, (H + 2K)·Dh)) against slots
-// firsts[n] .. slots[n] of cache row rows[n] of kc, vc (S, K, cap, Dh); this member's (sequence, head) pairs
+// firsts[n] .. slots[n] of cache row rows[n] of kc, vc (S, K, cap, Dh). Units: (sequence, head) pairs;
+// this member's are a contiguous run of about 1/nth of the slots read (the sequences' lengths differ),
+// the same split at every call with these lengths; within it, the heads of one kv head go through one
+// pass over its k, v (decode_attention.h: each head's arithmetic its own), the next kv head's rows
+// prefetched meanwhile.
 void DecodePlan::attention(const float* qkv, const float* kc, const float* vc, int64_t cap,
                            const std::vector<int64_t>& rows, const std::vector<int64_t>& slots,
                            const std::vector<int64_t>& firsts, float* out, const Team& team) {
-  const int64_t group = h_ / k_, n = (int64_t)rows.size(), width = (h_ + 2 * k_) * dh_;
-  int64_t work = 0;
-  for (int64_t i = 0; i < n; ++i) work += (slots[i] - firsts[i] + 1) * h_ * dh_;
-  const int64_t grain = work >= kParallelAttention ? 1 : n * h_;
-  auto pairs = [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t i = t / h_, h = t % h_, g = h / group;
-      const int64_t base = ((rows[i] * k_ + g) * cap + firsts[i]) * dh_;
-      attend_head(qkv + i * width + h * dh_, kc + base, vc + base, slots[i] - firsts[i] + 1, dh_, p_.data() + t * cap,
-                  out + i * h_ * dh_ + h * dh_);
+  const int64_t group = h_ / k_, n = (int64_t)rows.size(), width = (h_ + 2 * k_) * dh_, units = n * h_;
+  auto base = [&](int64_t u) { return ((rows[u / h_] * k_ + u % h_ / group) * cap + firsts[u / h_]) * dh_; };
+  auto length = [&](int64_t u) { return slots[u / h_] - firsts[u / h_] + 1; };
+  auto run = [&](int64_t u0, int64_t u1) {
+    for (int64_t u = u0; u < u1;) {
+      const int64_t i = u / h_, h = u % h_, end = std::min(u1, u - h % group + group);  // this kv head's heads
+      if (end < u1) prefetch_rows(kc + base(end), vc + base(end), length(end), dh_);
+      attend_group(qkv + i * width + h * dh_, end - u, kc + base(u), vc + base(u), length(u), dh_,
+                   p_.data() + u * cap, cap, out + i * h_ * dh_ + h * dh_);
+      u = end;
     }
   };
-  if (team.per_op) return at::parallel_for(0, n * h_, grain, pairs);
-  const auto [t0, t1] = team.share(n * h_, grain);
-  pairs(t0, t1);
+  int64_t work = 0;
+  for (int64_t i = 0; i < n; ++i) work += (slots[i] - firsts[i] + 1) * h_;
+  const bool split = work * dh_ >= kParallelAttention;
+  if (team.per_op) return at::parallel_for(0, units, split ? 1 : units, run);
+  if (!split || team.nth == 1) {
+    if (team.leader()) run(0, units);
+    return;
+  }
+  // member t takes the units whose first slot (counted over all units) lies in [t·work/nth, (t+1)·work/nth)
+  int64_t u0 = units, u1 = units, seen = 0;
+  for (int64_t u = 0; u < units; ++u) {
+    const int64_t owner = std::min<int64_t>(team.nth - 1, seen * team.nth / work);
+    if (owner == team.tid && u0 == units) u0 = u;
+    if (owner > team.tid) {
+      u1 = u;
+      break;
+    }
+    seen += length(u);
+  }
+  if (u0 < u1) run(u0, u1);
 }
 
 // q and k of each sequence rotated at its position (cos, sin: (P, Dh)); its k, v written at its slot
