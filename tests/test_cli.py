@@ -34,9 +34,9 @@ def test_train_evaluate_translate(trained, capsys):
 def test_evaluate_takes_the_length_penalty_of_the_search(trained, capsys):
     capsys.readouterr()
     assert main(["evaluate", "--model", str(trained), "--limit", "5", "--beam", "2"]) == 0
-    assert json.loads(capsys.readouterr().out)["length_penalty"] == 0.6  # the run's own
-    assert main(["evaluate", "--model", str(trained), "--limit", "5", "--beam", "2", "--length-penalty", "1"]) == 0
-    assert json.loads(capsys.readouterr().out)["length_penalty"] == 1.0
+    assert json.loads(capsys.readouterr().out)["length_penalty"] == 1.0  # the run's own (the recipe's)
+    assert main(["evaluate", "--model", str(trained), "--limit", "5", "--beam", "2", "--length-penalty", "0.6"]) == 0
+    assert json.loads(capsys.readouterr().out)["length_penalty"] == 0.6
 
 
 def test_translate_reads_stdin_and_skips_empty_lines_keeping_alignment(trained):
