@@ -188,10 +188,11 @@ def part_memory(args) -> dict:
     given = "as attnlab train decides" if args.malloc_mmap_threshold is None else args.malloc_mmap_threshold
     return {"steps": args.steps, "batch_tokens": args.batch_tokens, "malloc_mmap_threshold": given, **out, **ratios,
             "note": "steps_peak_rss_mb: the peak resident memory of the training steps (VmHWM reset through "
-                    "/proc/self/clear_refs after loading, no malloc_trim: the heap as loading left it); "
-                    "process_peak_rss_mb: the whole process's (loading included); mmap_threshold_fixed: whether "
-                    "the process fixed glibc's mmap threshold before loading, as attnlab train does "
-                    "(train/host_memory.py); a process with torch imported holds ~250 MB before any model",
+                    "/proc/self/clear_refs after loading; the heap trimmed once after the model is built, as "
+                    "attnlab train does, nothing more); process_peak_rss_mb: the whole process's (loading "
+                    "included); mmap_threshold_fixed: whether the process fixed glibc's mmap threshold before "
+                    "loading, as attnlab train does (train/host_memory.py); a process with torch imported holds "
+                    "~250 MB before any model",
             "like_for_like": "every variant runs the loop's own step (Trainer._train_step) on the same batches with "
                              "the same loss implementation (InstructionObjective.loss: the output projection and "
                              "cross-entropy in chunks of positions, nn/linear_cross_entropy.py), shared prompt "
