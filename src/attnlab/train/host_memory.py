@@ -33,7 +33,7 @@ and says so (fix_mmap_threshold returns False).
 `release_free_memory()` calls malloc_trim(0) once the model is built, before the first step
 (tasks/base.py, every recipe): glibc then hands back the free pages anywhere in its heaps (not
 only at the top, since glibc 2.8), which loading and preparing left resident; the steps fault in
-again only what they use. It runs once, takes milliseconds and changes no value computed.
+again only what they use. It runs once and changes no value computed.
 
 Source: mallopt(3) (M_MMAP_THRESHOLD, M_TRIM_THRESHOLD), malloc_trim(3); glibc manual, "Malloc
 Tunable Parameters".
