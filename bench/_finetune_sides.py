@@ -8,9 +8,10 @@ initial adapters, with the same optimizer settings.
 
 Each prints one JSON line: per-step losses and seconds, tokens (input tokens without padding, and
 the response tokens the loss covers) and the process's peak resident memory. Our side sets up its
-process as `attnlab train` does before it loads the model (glibc's mmap threshold fixed as
-TrainConfig.malloc_mmap_threshold says: by default in a run that checkpoints its activations;
-train/host_memory.py) and says whether it did; peft's side keeps glibc's default, as peft's users run it.
+process as `attnlab train` does (train/host_memory.py): glibc's mmap threshold fixed before it loads
+the model as TrainConfig.malloc_mmap_threshold says (by default in a run that checkpoints its
+activations; it says whether it did), and the heap's free pages handed back (malloc_trim) once the
+model is built, before the steps; peft's side keeps glibc's default, as peft's users run it.
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ from attnlab.tasks.registry import get_task
 from attnlab.tokenizers import ByteLevelBPE
 from attnlab.tasks.instruction import InstructionObjective, render_pair
 from attnlab.train.config import TrainConfig
-from attnlab.train.host_memory import fix_mmap_threshold, mmap_threshold
+from attnlab.train.host_memory import fix_mmap_threshold, mmap_threshold, release_free_memory
 from attnlab.train.loop import Trainer, learning_rate
 from safetensors.torch import load_file, save_file
 
@@ -62,8 +63,8 @@ def peak_rss_mb() -> float:
 
 def reset_peak() -> None:
     """Start measuring the peak resident memory anew (Linux: clear_refs 5 resets VmHWM to the resident
-    memory now), so that the training steps' peak is not the loading's. No malloc_trim: the heap is
-    left as loading left it, as in a user's run."""
+    memory now), so that the training steps' peak is not the loading's. The heap is as a user's run
+    leaves it: trimmed once after the model is built (side_ours, as tasks/base.py), nothing more."""
     gc.collect()
     Path("/proc/self/clear_refs").write_text("5")
 
@@ -116,12 +117,14 @@ def side_ours(args) -> dict:
         with torch.no_grad():
             for key, t in adapter_tensors(model).items():
                 t.copy_(tensors[key])  # the same initial adapters as the peft side
+        del tensors  # a benchmark's copy, which a run does not hold through its steps
     model.checkpoint_layers = args.checkpointing
     ex = examples(base, args.examples)
     steps = length_batches(ex.lengths(), args.batch_tokens, args.seed)[:args.steps]
     data = argparse.Namespace(batch_tokens=args.batch_tokens, share_prefix=not args.no_share_prefix,
                               label_smoothing=0.0)
     objective = InstructionObjective(ex, ex, [], base.tokenizer, data, args.seed, 0, [])
+    release_free_memory()  # as `attnlab train` does once the model is built (tasks/base.py)
     trainer = Trainer(model, objective, train_config(args), Path(args.workdir), model.cfg.d_model)
     model.train()
     record = _timed(steps, lambda batch: trainer._train_step([batch])[0])  # the loop's own step

@@ -4,7 +4,8 @@
                                                                          # (also: no shared prefix, QLoRA, checkpointing)
     python bench/finetune.py --part curve    [--steps 100]               # the same, loss curves (1 thread each)
     python bench/finetune.py --part memory   [--steps 4]                 # peak memory: LoRA, QLoRA, full fine-tune
-                                                                         # (--malloc-mmap-threshold N / 0: fixed / glibc's)
+                                                                         # (--malloc-mmap-threshold N / 0: fixed / glibc's;
+                                                                         #  --runs lora_fp32_checkpointing ...: some only)
     python bench/finetune.py --part zero-shot                            # test BLEU of SmolLM2 as it is
     python bench/finetune.py --part budget   --minutes 10 30             # LoRA and multi30k-en-de, same budgets
     python bench/finetune.py --part evaluate [--beams 1 4]               # test BLEU of the budget part's runs
@@ -158,6 +159,12 @@ def part_step(args, curve: bool = False) -> dict:
     return out
 
 
+MEMORY_RUNS = {f"{name}{suffix}": options + more  # the memory part's runs: bench/_finetune_sides.py's options
+               for suffix, more in (("", []), ("_checkpointing", ["--checkpointing"]))
+               for name, options in (("lora_fp32", []), ("qlora_q4_1", ["--base-dtype", "auto"]),
+                                     ("full", ["--rank", "0", "--lr", "1e-5"]))}
+
+
 def part_memory(args) -> dict:
     """Peak resident memory of the training steps: LoRA on the fp32 base, LoRA on the GGUF's own Q4_1
     blocks (QLoRA), and the full fine-tune, each in its own process set up as `attnlab train` sets
@@ -169,23 +176,23 @@ def part_memory(args) -> dict:
               *threshold_option(args)]
     WORK.mkdir(parents=True, exist_ok=True)
     side("init", 1, "--out", str(init))
-    variants = {"lora_fp32": [], "qlora_q4_1": ["--base-dtype", "auto"], "full": ["--rank", "0", "--lr", "1e-5"]}
-    runs = {f"{name}{suffix}": side("ours", args.threads, *common, *options, *more)
-            for suffix, more in (("", []), ("_checkpointing", ["--checkpointing"])) for name, options in variants.items()}
+    runs = {name: side("ours", args.threads, *common, *MEMORY_RUNS[name]) for name in args.runs or MEMORY_RUNS}
     keys = ("steps_peak_rss_mb", "rss_before_steps_mb", "trainable_parameters", "optimizer_state_bytes",
             "malloc_mmap_threshold", "mmap_threshold_fixed")
     out = {k: {**{key: r[key] for key in keys}, "process_peak_rss_mb": r["peak_rss_mb"]} for k, r in runs.items()}
     ratios = {f"{name}{suffix}_over_full{suffix}{peak}": round(out[f"{name}{suffix}"][key]
                                                                / out[f"full{suffix}"][key], 3)
               for peak, key in (("", "steps_peak_rss_mb"), ("_process_peak", "process_peak_rss_mb"))
-              for suffix in ("", "_checkpointing") for name in ("lora_fp32", "qlora_q4_1")}
+              for suffix in ("", "_checkpointing") for name in ("lora_fp32", "qlora_q4_1")
+              if f"{name}{suffix}" in out and f"full{suffix}" in out}
     given = "as attnlab train decides" if args.malloc_mmap_threshold is None else args.malloc_mmap_threshold
     return {"steps": args.steps, "batch_tokens": args.batch_tokens, "malloc_mmap_threshold": given, **out, **ratios,
             "note": "steps_peak_rss_mb: the peak resident memory of the training steps (VmHWM reset through "
-                    "/proc/self/clear_refs after loading, no malloc_trim: the heap as loading left it); "
-                    "process_peak_rss_mb: the whole process's (loading included); mmap_threshold_fixed: whether "
-                    "the process fixed glibc's mmap threshold before loading, as attnlab train does "
-                    "(train/host_memory.py); a process with torch imported holds ~250 MB before any model",
+                    "/proc/self/clear_refs after loading; the heap trimmed once after the model is built, as "
+                    "attnlab train does, nothing more); process_peak_rss_mb: the whole process's (loading "
+                    "included); mmap_threshold_fixed: whether the process fixed glibc's mmap threshold before "
+                    "loading, as attnlab train does (train/host_memory.py); a process with torch imported holds "
+                    "~250 MB before any model",
             "like_for_like": "every variant runs the loop's own step (Trainer._train_step) on the same batches with "
                              "the same loss implementation (InstructionObjective.loss: the output projection and "
                              "cross-entropy in chunks of positions, nn/linear_cross_entropy.py), shared prompt "
@@ -259,6 +266,8 @@ def main():
     ap.add_argument("--malloc-mmap-threshold", type=int,
                     help="step / curve / memory: our sides' TrainConfig.malloc_mmap_threshold, bytes, in every side "
                     "(default: as attnlab train decides; 0 = glibc's dynamic threshold; train/host_memory.py)")
+    ap.add_argument("--runs", nargs="+", choices=MEMORY_RUNS, help="memory: only these runs (default: all six; "
+                    "with --json the record goes under its own key)")
     ap.add_argument("--json", help="merge this part's record into this JSON file")
     args = ap.parse_args()
     args.steps = args.steps or {"step": 12, "curve": 100, "memory": 4}.get(args.part, 0)
@@ -271,6 +280,8 @@ def main():
         merged = json.loads(path.read_text()) if path.is_file() else {}
         key = args.part if args.malloc_mmap_threshold is None else \
             f"{args.part}_malloc_mmap_threshold_{args.malloc_mmap_threshold}"  # a setting's record beside the default's
+        if args.part == "memory" and args.runs:  # some runs only: beside the whole record, not over it
+            key += "_" + "_".join(args.runs)
         merged[key] = record
         write_json_atomic(path, merged)  # a kill mid-write leaves the old file, not a part
 

@@ -1,8 +1,9 @@
 """train/host_memory.py: `attnlab train` fixes glibc's mmap threshold before the task prepares the run
 (so before any model loads) in a run that checkpoints its activations, and in any recipe's run that
 sets malloc_mmap_threshold; otherwise, with malloc_mmap_threshold=0 and under glibc's own
-MALLOC_MMAP_THRESHOLD_ it leaves glibc alone. Properties of the process's allocator, observed in a
-subprocess (mallinfo2), not timings."""
+MALLOC_MMAP_THRESHOLD_ it leaves glibc alone. Once the model is built, before the first step, it
+hands the heap's free pages back (malloc_trim), which gives back memory freed amid live blocks.
+Properties of the process's allocator, observed in a subprocess (mallinfo2, /proc), not timings."""
 from __future__ import annotations
 
 import json
@@ -14,8 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from attnlab.tasks import base
+from attnlab.tasks.registry import get_task
 from attnlab.train import host_memory
 from attnlab.train.config import TrainConfig
+
+from tests.conftest import tiny_lm_recipe
 
 PROBE = Path(__file__).with_name("host_memory_probe.py")
 LIBC, VERSION = platform.libc_ver()
@@ -76,3 +81,46 @@ def test_off_and_elsewhere_it_does_nothing(monkeypatch):
     assert host_memory.fix_mmap_threshold(0) is False
     monkeypatch.setattr(host_memory, "is_glibc", lambda: False)
     assert host_memory.fix_mmap_threshold(host_memory.DEFAULT) is False  # musl, macOS, Windows: no mallopt
+
+
+TRIM = """
+import ctypes, json
+from pathlib import Path
+from attnlab.train.host_memory import release_free_memory
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype, libc.malloc.argtypes, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
+def rss_mb():
+    return int(Path("/proc/self/statm").read_text().split()[1]) * 4096 / 2**20
+blocks = [libc.malloc(64 << 10) for _ in range(2000)]  # 125 MiB of heap blocks (under the 128 KiB threshold)
+for b in blocks:
+    ctypes.memset(b, 1, 64 << 10)  # resident
+for b in blocks[:-1]:
+    libc.free(b)  # free, but below a live block: glibc's automatic trim of the heap's top cannot give it back
+before = rss_mb()
+released = release_free_memory()
+print(json.dumps({"released": released, "freed_mb": before - rss_mb()}))
+"""
+
+
+@glibc
+def test_release_free_memory_gives_back_free_heap_pages_below_live_blocks():
+    r = subprocess.run([sys.executable, "-c", TRIM], capture_output=True, text=True, timeout=120,
+                       env={k: v for k, v in os.environ.items() if k != host_memory.GLIBC_ENV})
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["released"] and out["freed_mb"] > 100
+
+
+def test_train_releases_free_memory_once_the_model_is_built(tiny_shakespeare, tmp_path, monkeypatch):
+    calls = []
+    build = get_task("gpt").build_model
+    monkeypatch.setattr(type(get_task("gpt")), "build_model", lambda self, cfg: calls.append("build") or build(cfg))
+    monkeypatch.setattr(base, "release_free_memory", lambda: calls.append("release") or True)
+    monkeypatch.setattr(base, "fit", lambda *a, **k: calls.append("fit") or {})
+    get_task("gpt").train(tiny_lm_recipe(1), tmp_path / "run")
+    assert calls == ["build", "release", "fit"]  # after the model is built (loaded), before the first step
+
+
+def test_off_glibc_release_does_nothing(monkeypatch):
+    monkeypatch.setattr(host_memory, "is_glibc", lambda: False)
+    assert host_memory.release_free_memory() is False

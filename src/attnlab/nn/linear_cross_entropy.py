@@ -76,6 +76,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             grad_h[s:s + chunk] = head.input_grad(g) if quant else g @ weight
             if grad_w is not None:
                 grad_w.addmm_(g.t(), h)
+            del z, g  # freed before the next chunk's logits are formed: one (C, V) tensor lives, not two
         ctx.save_for_backward(grad_h, *(() if grad_w is None else (grad_w,)))
         return total / n
 

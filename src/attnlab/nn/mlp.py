@@ -50,7 +50,8 @@ class FeedForward(nn.Module):
 class _GatedSiLU(torch.autograd.Function):
     """SiLU(g) ⊙ u saving only g and u: autograd's two ops (silu, mul) also keep SiLU(g), an (R, F)
     tensor per layer. The backward recomputes σ(g): ∂/∂u = grad ⊙ SiLU(g), ∂/∂g = silu_backward(grad ⊙ u, g),
-    the ops' own formulas in their order (the same values)."""
+    the ops' own formulas in their order (the same values; ∂/∂u formed in SiLU(g)'s place, no second
+    (R, F) temporary)."""
 
     @staticmethod
     def forward(ctx, gate, up):
@@ -61,7 +62,7 @@ class _GatedSiLU(torch.autograd.Function):
     def backward(ctx, grad):
         gate, up = ctx.saved_tensors
         grad_gate = torch.ops.aten.silu_backward(grad * up, gate) if ctx.needs_input_grad[0] else None
-        grad_up = grad * F.silu(gate) if ctx.needs_input_grad[1] else None
+        grad_up = F.silu(gate).mul_(grad) if ctx.needs_input_grad[1] else None  # in SiLU(g)'s place: one (R, F) less
         return grad_gate, grad_up
 
 

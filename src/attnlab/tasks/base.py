@@ -30,7 +30,7 @@ from attnlab.train import distributed
 from attnlab.train.checkpoint import load_weights
 from attnlab.train.config import TrainConfig
 from attnlab.train.guards import check_batch_memory
-from attnlab.train.host_memory import fix_mmap_threshold, mmap_threshold
+from attnlab.train.host_memory import fix_mmap_threshold, mmap_threshold, release_free_memory
 from attnlab.train.objective import Objective
 from attnlab.train.run_dir import (check_model_dir, check_out_dir, check_resume_recipe, read_run_config, run_lock,
                                    start_run_dir)
@@ -234,6 +234,7 @@ class Task:
         model = (prepared.build_model or self.build_model)(prepared.model_cfg)
         if prepared.init_state is not None and not resume:
             model.load_state_dict({**model.state_dict(), **prepared.init_state})
+        release_free_memory()  # what loading and preparing freed goes back before the steps (train/host_memory.py)
         check_world(prepared.objective, model, spec.train_cfg.parallel)
         distributed.barrier()  # several processes: every one has checked `out` before rank 0 writes it
         main = distributed.current_world().is_main

@@ -30,7 +30,13 @@ N bytes always. Where the environment sets glibc's own MALLOC_MMAP_THRESHOLD_, t
 changes no value computed. Elsewhere than Linux with glibc (musl, macOS, Windows) it does nothing
 and says so (fix_mmap_threshold returns False).
 
-Source: mallopt(3) (M_MMAP_THRESHOLD, M_TRIM_THRESHOLD); glibc manual, "Malloc Tunable Parameters".
+`release_free_memory()` calls malloc_trim(0) once the model is built, before the first step
+(tasks/base.py, every recipe): glibc then hands back the free pages anywhere in its heaps (not
+only at the top, since glibc 2.8), which loading and preparing left resident; the steps fault in
+again only what they use. It runs once and changes no value computed.
+
+Source: mallopt(3) (M_MMAP_THRESHOLD, M_TRIM_THRESHOLD), malloc_trim(3); glibc manual, "Malloc
+Tunable Parameters".
 """
 from __future__ import annotations
 
@@ -77,5 +83,19 @@ def fix_mmap_threshold(nbytes: int) -> bool:
         return False
     try:
         return bool(ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, int(nbytes)))
+    except (OSError, AttributeError):
+        return False
+
+
+def release_free_memory() -> bool:
+    """Hand the free pages of glibc's heaps back to the system now: malloc_trim(0) (module docstring).
+
+    Returns:
+        whether glibc released any memory; False off glibc (nothing to do there).
+    """
+    if not is_glibc():
+        return False
+    try:
+        return bool(ctypes.CDLL("libc.so.6").malloc_trim(0))
     except (OSError, AttributeError):
         return False
