@@ -37,6 +37,10 @@ def test_evaluate_takes_the_length_penalty_of_the_search(trained, capsys):
     assert json.loads(capsys.readouterr().out)["length_penalty"] == 1.0  # the run's own (the recipe's)
     assert main(["evaluate", "--model", str(trained), "--limit", "5", "--beam", "2", "--length-penalty", "0.6"]) == 0
     assert json.loads(capsys.readouterr().out)["length_penalty"] == 0.6
+    from attnlab.errors import UserError
+    from attnlab.tasks.registry import evaluate_run
+    with pytest.raises(UserError, match="length_penalty must be >= 0, got nan"):
+        evaluate_run(trained, limit=1, length_penalty=float("nan"))
 
 
 def test_translate_reads_stdin_and_skips_empty_lines_keeping_alignment(trained):

@@ -106,7 +106,7 @@ def add_training_parsers(sub) -> None:
     e.add_argument("--beam", type=beam, help="translation beam size 1..64 (1 = greedy; default: the run's "
                    "beam_size, 4)")
     e.add_argument("--length-penalty", type=nonnegative_float, metavar="ALPHA",
-                   help="translation: α of beam search's length penalty (default: the run's length_penalty, 0.6)")
+                   help="translation: α of beam search's length penalty (default: the run's length_penalty)")
     e.add_argument("--dtype", choices=(*FLOAT_DTYPES, *SCHEMES), default="fp32",
                    help="language models: score with the weights at fp32 (default), bf16 or a block "
                    "quantization q8_0 / q4_0 / q4_1")

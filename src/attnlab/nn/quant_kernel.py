@@ -117,9 +117,10 @@ def _build() -> str | None:
     try:
         from torch.utils import cpp_extension  # optional: needs a C++ compiler and ninja at run time
         name = _extension_name()
-        with build_lock(build_directory(name)):
+        directory = build_directory(name)
+        with build_lock(directory):
             cpp_extension.load(name=name, sources=[str(p) for p in SOURCES], extra_cflags=FLAGS,
-                               extra_ldflags=LDFLAGS, build_directory=str(build_directory(name)),
+                               extra_ldflags=LDFLAGS, build_directory=str(directory),
                                is_python_module=False, verbose=False)
         set_tuning(**cpu_tuning.kernel_settings(cpu_tuning.choose()))  # this machine's row (speed only)
         torch.library.register_fake("attnlab_quant::linear")(_fake)

@@ -237,7 +237,7 @@ class TranslationTask(Task):
             src, refs = src[:limit], refs[:limit]
         beam = beam or data.beam_size
         alpha = data.length_penalty if length_penalty is None else length_penalty
-        if alpha < 0:
+        if not alpha >= 0:  # NaN too
             raise UserError(f"length_penalty must be >= 0, got {alpha}", param="length_penalty")
         hyps = translate(run.model, run.tokenizer, src, beam, alpha, data.beam_stopping)
         return {"split": name, "n": len(src), "bleu": round(corpus_bleu(hyps, refs), 2), "beam": beam,
