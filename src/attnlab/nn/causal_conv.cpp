@@ -25,6 +25,13 @@ using attnlab_decode::exp16;
 using attnlab_decode::tail_mask;
 
 constexpr int64_t kLanes = 16, kMaxK = 8;
+// Rows prefetched ahead of the one in use. A (sequence, block) walks its T rows at a stride of Di
+// floats, one cache line each, which the hardware prefetcher does not follow: without it every row is
+// a miss of its own once the tensors have left the cache (as in training, where each layer's come
+// back from the forward pass), and a step reads at a few GB/s (bench/mamba_block.py).
+constexpr int64_t kAhead = 8;
+
+using attnlab_decode::prefetch;
 
 inline __mmask16 lanes(int64_t d0, int64_t di) { return di - d0 >= kLanes ? (__mmask16)0xFFFF : tail_mask(di - d0); }
 
@@ -69,7 +76,13 @@ at::Tensor conv_silu_forward(const at::Tensor& x, const at::Tensor& w, const c10
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t b = i / c.blocks(), d0 = (i % c.blocks()) * kLanes;
       const __mmask16 m = lanes(d0, c.Di);
-      for (int64_t t = 0; t < c.T; ++t) _mm512_mask_storeu_ps(yp + (b * c.T + t) * c.Di + d0, m, silu(c.pre(b, t, d0, m)));
+      for (int64_t t = 0; t < c.T; ++t) {
+        if (t + kAhead < c.T) {
+          prefetch(c.x + (b * c.T + t + kAhead) * c.Di + d0);
+          prefetch(yp + (b * c.T + t + kAhead) * c.Di + d0);
+        }
+        _mm512_mask_storeu_ps(yp + (b * c.T + t) * c.Di + d0, m, silu(c.pre(b, t, d0, m)));
+      }
     }
   });
   return y;
@@ -96,6 +109,12 @@ std::vector<at::Tensor> conv_silu_backward(const at::Tensor& x, const at::Tensor
       }
       __m512 acc_b = _mm512_setzero_ps();
       for (int64_t t = T - 1; t >= 0; --t) {
+        const int64_t ahead = (b * T + t - K + 1 - kAhead) * Di + d0;  // the row read kAhead steps later
+        if (t - K + 1 - kAhead >= 0) prefetch(c.x + ahead);
+        if (t - kAhead >= 0) {
+          prefetch(gyp + (b * T + t - kAhead) * Di + d0);
+          prefetch(gxp + (b * T + t - kAhead) * Di + d0);
+        }
         const __m512 p = c.pre(b, t, d0, m);
         const __m512 s = _mm512_div_ps(one, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), p))));
         const __m512 ds = _mm512_mul_ps(s, _mm512_add_ps(one, _mm512_mul_ps(p, _mm512_sub_ps(one, s))));

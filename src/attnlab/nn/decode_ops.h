@@ -111,17 +111,36 @@ inline void rope(float* x, int64_t n, int64_t dh, const float* cos, const float*
   }
 }
 
-// Sleef's 16-lane exp (max error 1 ulp): the one PyTorch's CPU kernels call (F.silu's exp), exported by
-// libtorch_cpu. Weak: with a torch build that does not export it, std::exp runs lane by lane instead.
-extern "C" __m512 Sleef_expf16_u10(__m512) __attribute__((weak));
-
-inline __m512 exp16(__m512 x) {
-  if (Sleef_expf16_u10 != nullptr) return Sleef_expf16_u10(x);
-  alignas(64) float t[16];
-  _mm512_store_ps(t, x);
-  for (float& v : t) v = std::exp(v);
-  return _mm512_load_ps(t);
+// e^x in 16 lanes, bit for bit Sleef's expf16_u10 (max error 1 ulp), the exp PyTorch's CPU kernels
+// run (torch.exp, F.silu's exp), written out inline: called in libtorch (through the PLT) it cost a
+// call per vector and clobbered every vector register of the loops around it. Sleef's xexpf:
+// q = round(x / ln 2), s = x − q ln 2 in two FMA steps (Cody–Waite), e^s by a degree-7 polynomial
+// 1 + s + s² P(s), times 2^q; 0 below −104, ∞ above 100, NaN stays NaN. The constants and the
+// operations' order are Sleef 3's (sleefsimdsp.c xexpf, as libtorch_cpu's Sleef_expf16_u10avx512f
+// runs it); two steps differ in form, not in result: q is rounded as a float (roundscale, ties to
+// even as cvtps2dq) and 2^q applied by one scalef (Sleef's two exact power-of-2 factors round once
+// too). tests/nn/test_exp16.py holds it equal to torch.exp and F.silu bit for bit.
+__attribute__((always_inline)) inline __m512 exp16(__m512 x) {
+  const __m512 qf = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(0x1.715476p+0f)),  // 1 / ln 2
+                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 s = _mm512_fmadd_ps(qf, _mm512_set1_ps(-0x1.62e4p-1f), x);       // − ln 2, upper part
+  s = _mm512_fmadd_ps(qf, _mm512_set1_ps(-0x1.7f7d1cp-20f), s);           // − ln 2, lower part
+  __m512 u = _mm512_set1_ps(0x1.a057b4p-13f);
+  u = _mm512_fmadd_ps(u, s, _mm512_set1_ps(0x1.6d2d92p-10f));
+  u = _mm512_fmadd_ps(u, s, _mm512_set1_ps(0x1.11114cp-7f));
+  u = _mm512_fmadd_ps(u, s, _mm512_set1_ps(0x1.5554f4p-5f));
+  u = _mm512_fmadd_ps(u, s, _mm512_set1_ps(0x1.555556p-3f));
+  u = _mm512_fmadd_ps(u, s, _mm512_set1_ps(0.5f));
+  u = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(s, s), u, s), _mm512_set1_ps(1.0f));
+  u = _mm512_scalef_ps(u, qf);  // u · 2^q
+  u = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-104.0f), _CMP_LT_OQ), u, _mm512_setzero_ps());
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(_mm512_set1_ps(100.0f), x, _CMP_LT_OQ), u,
+                              _mm512_set1_ps(__builtin_inff()));
 }
+
+// Asks for the cache line at p (into L1): for walks the hardware prefetcher does not follow (the
+// Mamba kernels' rows at a stride of Di floats).
+inline void prefetch(const float* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
 
 inline __mmask16 lanes_from(int64_t i, int64_t n) { return n - i >= 16 ? (__mmask16)0xFFFF : tail_mask(n - i); }
 

@@ -35,6 +35,7 @@ namespace {
 using namespace attnlab_ssm;
 
 constexpr int64_t kSegment = 128;  // steps per recomputed segment of the backward pass
+constexpr int64_t kFixedN = 16;    // the state count compiled as a constant (ssm_scan.h states)
 
 using Opt = c10::optional<at::Tensor>;
 
@@ -60,6 +61,19 @@ Scan make(const at::Tensor& x, const at::Tensor& dt, const at::Tensor& At, const
           opt_ptr(D, {di}, "D"), opt_ptr(z, x.sizes(), "z"), opt_ptr(dt_bias, {di}, "dt_bias"), softplus, t, di, n};
 }
 
+// One (sequence, channel block) of the forward pass: y of its steps and its final state.
+template <int64_t kN>
+void forward_block(const Scan& s, int64_t b, int64_t d0, const float* h0, float* y, float* last) {
+  Vectors<kN> hs(states<kN>(s));
+  __m512* h = hs.data();
+  load_state(h0, b, d0, states<kN>(s), s.Di, h);
+  steps<kN, true>(s, b, d0, 0, s.T, h, y, Kept{}, [&](int64_t t) {
+    s.prefetch_step(b, t, d0);
+    prefetch(y + s.row(b, t, d0));
+  });
+  store_state(last, b, d0, states<kN>(s), s.Di, h);
+}
+
 // -> (y (B, T, Di), h_T (B, N, Di))
 std::tuple<at::Tensor, at::Tensor> scan_forward(const at::Tensor& x, const at::Tensor& dt, const at::Tensor& At,
                                                 const at::Tensor& B, const at::Tensor& C, const Opt& h0,
@@ -71,15 +85,133 @@ std::tuple<at::Tensor, at::Tensor> scan_forward(const at::Tensor& x, const at::T
   float* yp = y.data_ptr<float>();
   float* lp = last.data_ptr<float>();
   at::parallel_for(0, nb * s.blocks(), 1, [&](int64_t i0, int64_t i1) {
-    std::vector<__m512> h(s.N);
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t b = i / s.blocks(), d0 = (i % s.blocks()) * kLanes;
-      load_state(h0p, b, d0, s.N, s.Di, h.data());
-      steps<true, false>(s, b, d0, 0, s.T, h.data(), yp, nullptr, nullptr, nullptr);
-      store_state(lp, b, d0, s.N, s.Di, h.data());
+      if (s.N == kFixedN)
+        forward_block<kFixedN>(s, b, d0, h0p, yp, lp);
+      else
+        forward_block<0>(s, b, d0, h0p, yp, lp);
     }
   });
   return {y, last};
+}
+
+// The backward pass's inputs beside the scan's (nullptr when absent) and its outputs (B, T, Di) or
+// per (sequence, block) partial sums, as scan_backward returns them.
+struct Grads {
+  const float *h0, *g_last, *g_y;
+  float *gx, *gdt, *gA, *gB, *gC, *gh0, *gD, *gz, *gbias;
+  int64_t nb;
+};
+
+// Per thread: the first state of each segment and what the recomputation keeps of each of its steps.
+struct Scratch {
+  std::vector<__m512> starts, prev, decay, ys, deltas;
+  Scratch(int64_t segments, int64_t N)
+      : starts(segments * N), prev(kSegment * N), decay(kSegment * N), ys(kSegment), deltas(kSegment) {}
+};
+
+// One step t of the adjoint recurrence (file comment) for channels d0 .. d0 + 15 of sequence b, block
+// blk: updates the state adjoints gh and ∂A's sums gAacc, writes ∂x_t, ∂dt_t (∂z_t), ∂B_t and ∂C_t.
+// ht(n) is h_t; j indexes step t in the scratch.
+// pb, pc: N vectors of scratch (∂B_t, ∂C_t lanes before their sums).
+template <int64_t kN, typename State>
+inline void adjoint_step(const Scan& s, const Grads& g, const Scratch& w, int64_t b, int64_t blk, int64_t t,
+                         int64_t j, State ht, __m512* gh, __m512* gAacc, __m512& gDacc, __m512& gbacc,
+                         __m512* pb, __m512* pc) {
+  const int64_t N = states<kN>(s), d0 = blk * kLanes, r = s.row(b, t, d0);
+  const __mmask16 m = lanes(d0, s.Di);
+  const __m512 dtv = w.deltas[j], xv = load(s.x + r, m), dx = _mm512_mul_ps(dtv, xv);
+  const __m512 Dv = s.D ? load(s.D + d0, m) : _mm512_setzero_ps();
+  __m512 gy = load(g.g_y + r, m);
+  if (s.z) {  // y = (Σ C h + D x) · SiLU(z): torch's silu_backward, σ · (1 + z (1 − σ))
+    const __m512 zv = load(s.z + r, m), den = _mm512_add_ps(ones(), exp16(neg(zv)));
+    const __m512 sg = _mm512_div_ps(ones(), den), pre = _mm512_add_ps(w.ys[j], _mm512_mul_ps(Dv, xv));
+    const __m512 dsilu = _mm512_mul_ps(sg, _mm512_add_ps(ones(), _mm512_mul_ps(zv, _mm512_sub_ps(ones(), sg))));
+    _mm512_mask_storeu_ps(g.gz + r, m, _mm512_mul_ps(_mm512_mul_ps(gy, pre), dsilu));
+    gy = _mm512_mul_ps(gy, _mm512_div_ps(zv, den));
+  }
+  if (s.D) gDacc = _mm512_add_ps(gDacc, _mm512_mul_ps(gy, xv));
+  const float *Bt = s.B + (b * s.T + t) * N, *Ct = s.C + (b * s.T + t) * N;
+  __m512 g_dx = _mm512_setzero_ps(), g_dtA = _mm512_setzero_ps();
+  const __m512* prev = w.prev.data() + j * N;
+  const __m512* decay = w.decay.data() + j * N;
+  for (int64_t n = 0; n < N; ++n) {
+    pc[n] = _mm512_mul_ps(ht(n), gy);
+    gh[n] = _mm512_add_ps(gh[n], _mm512_mul_ps(_mm512_set1_ps(Ct[n]), gy));
+    const __m512 a = decay[n];
+    const __m512 g_log = _mm512_mul_ps(_mm512_mul_ps(gh[n], prev[n]), a);
+    gAacc[n] = _mm512_add_ps(gAacc[n], _mm512_mul_ps(g_log, dtv));
+    g_dtA = _mm512_add_ps(g_dtA, _mm512_mul_ps(g_log, load(s.At + n * s.Di + d0, m)));
+    g_dx = _mm512_add_ps(g_dx, _mm512_mul_ps(gh[n], _mm512_set1_ps(Bt[n])));
+    pb[n] = _mm512_mul_ps(gh[n], dx);  // 0 in the lanes past Di: dx is
+    gh[n] = _mm512_mul_ps(gh[n], a);
+  }
+  const int64_t out = ((blk * g.nb + b) * s.T + t) * N;
+  hsums(pb, N, g.gB + out);
+  hsums(pc, N, g.gC + out);
+  const __m512 gxv = _mm512_mul_ps(g_dx, dtv);
+  _mm512_mask_storeu_ps(g.gx + r, m, s.D ? _mm512_add_ps(gxv, _mm512_mul_ps(Dv, gy)) : gxv);
+  __m512 gd = _mm512_add_ps(g_dtA, _mm512_mul_ps(g_dx, xv));  // ∂Δ
+  if (s.softplus) {  // torch's softplus_backward: v > 20 ? g : g · e^v / (e^v + 1)
+    const __m512 raw = s.raw_delta(r, d0, m), e = exp16(raw);
+    const __mmask16 big = _mm512_cmp_ps_mask(raw, _mm512_set1_ps(20.0f), _CMP_GT_OQ);
+    gd = _mm512_mask_blend_ps(big, _mm512_div_ps(_mm512_mul_ps(gd, e), _mm512_add_ps(e, ones())), gd);
+  }
+  if (s.dt_bias) gbacc = _mm512_add_ps(gbacc, gd);
+  _mm512_mask_storeu_ps(g.gdt + r, m, gd);
+}
+
+// One (sequence, channel block) of the backward pass: the segments' first states, then segment by
+// segment from the last, the states recomputed (with Δ, a and Σ C h of each step) and the adjoint
+// steps run from its last step down.
+template <int64_t kN>
+void backward_block(const Scan& s, const Grads& g, Scratch& w, int64_t b, int64_t blk) {
+  const int64_t N = states<kN>(s), T = s.T, d0 = blk * kLanes, segments = (T + kSegment - 1) / kSegment;
+  const __mmask16 m = lanes(d0, s.Di);
+  Vectors<kN> hs(N), ghs(N), gAs(N), pB(N), pC(N);  // states, their adjoints, ∂A's sums; scratch
+  __m512 *h = hs.data(), *gh = ghs.data(), *gAacc = gAs.data(), *pb = pB.data(), *pc = pC.data();
+  load_state(g.h0, b, d0, N, s.Di, h);
+  for (int64_t k = 0; k < segments; ++k) {  // the first state of every segment
+    std::copy(h, h + N, w.starts.begin() + k * N);
+    if (k + 1 < segments)
+      steps<kN, false>(s, b, d0, k * kSegment, (k + 1) * kSegment, h, nullptr, Kept{},
+                       [&](int64_t t) { s.prefetch_step(b, t, d0); });
+  }
+  load_state(g.g_last, b, d0, N, s.Di, gh);
+  for (int64_t n = 0; n < N; ++n) gAacc[n] = _mm512_setzero_ps();
+  __m512 gDacc = _mm512_setzero_ps(), gbacc = _mm512_setzero_ps();
+  for (int64_t k = segments - 1; k >= 0; --k) {
+    const int64_t t0 = k * kSegment, t1 = std::min(T, t0 + kSegment);
+    std::copy(w.starts.begin() + k * N, w.starts.begin() + (k + 1) * N, h);
+    const Kept keep{s.z ? w.ys.data() : nullptr, w.prev.data(), w.decay.data(), w.deltas.data()};
+    const auto ahead = [&](int64_t t) {  // also the lines the adjoint steps read and write
+      const int64_t r = s.row(b, t, d0), out = ((blk * g.nb + b) * T + t) * N;
+      s.prefetch_step(b, t, d0);
+      prefetch(g.g_y + r);
+      prefetch(g.gx + r);
+      prefetch(g.gdt + r);
+      if (s.z) prefetch(g.gz + r);
+      prefetch(g.gB + out);
+      prefetch(g.gC + out);
+    };
+    if (s.z)  // h ends as h_{t1−1}; ys keeps Σ_n C h for the gate's derivative
+      steps<kN, true>(s, b, d0, t0, t1, h, nullptr, keep, ahead);
+    else
+      steps<kN, false>(s, b, d0, t0, t1, h, nullptr, keep, ahead);
+    // h_t is h at the segment's last step, else the state before step t + 1 (prev of step t + 1)
+    adjoint_step<kN>(s, g, w, b, blk, t1 - 1, t1 - 1 - t0, [&](int64_t n) { return h[n]; }, gh, gAacc, gDacc, gbacc,
+                     pb, pc);
+    for (int64_t t = t1 - 2; t >= t0; --t) {
+      const __m512* next = w.prev.data() + (t + 1 - t0) * N;
+      adjoint_step<kN>(s, g, w, b, blk, t, t - t0, [next](int64_t n) { return next[n]; }, gh, gAacc, gDacc,
+                       gbacc, pb, pc);
+    }
+  }
+  store_state(g.gA, b, d0, N, s.Di, gAacc);
+  store_state(g.gh0, b, d0, N, s.Di, gh);
+  if (s.D) _mm512_mask_storeu_ps(g.gD + b * s.Di + d0, m, gDacc);
+  if (s.dt_bias) _mm512_mask_storeu_ps(g.gbias + b * s.Di + d0, m, gbacc);
 }
 
 // -> [∂x, ∂dt (B, T, Di); ∂At partial sums (B, N, Di); ∂B, ∂C partial sums (blocks, B, T, N);
@@ -92,86 +224,23 @@ std::vector<at::Tensor> scan_backward(const at::Tensor& x, const at::Tensor& dt,
   const Scan s = make(x, dt, At, B, C, D, z, dt_bias, softplus);
   const int64_t nb = x.size(0), T = s.T, N = s.N, Di = s.Di, nblk = s.blocks();
   TORCH_CHECK(g_y.sizes() == x.sizes() && g_y.is_contiguous() && g_y.scalar_type() == at::kFloat, "g_y must be like x");
-  const float *h0p = opt_ptr(h0, {nb, N, Di}, "h0"), *glp = opt_ptr(g_last, {nb, N, Di}, "g_last");
-  const float* gyp = g_y.data_ptr<float>();
   const auto f = x.options();
   at::Tensor gx = at::empty_like(x), gdt = at::empty_like(x), gA = at::empty({nb, N, Di}, f);
   at::Tensor gB = at::empty({nblk, nb, T, N}, f), gC = at::empty({nblk, nb, T, N}, f), gh0 = at::empty({nb, N, Di}, f);
   at::Tensor gD = s.D ? at::empty({nb, Di}, f) : at::empty({0}, f), gz = s.z ? at::empty_like(x) : at::empty({0}, f);
   at::Tensor gbias = s.dt_bias ? at::empty({nb, Di}, f) : at::empty({0}, f);
-  float *gxp = gx.data_ptr<float>(), *gdtp = gdt.data_ptr<float>(), *gAp = gA.data_ptr<float>();
-  float *gBp = gB.data_ptr<float>(), *gCp = gC.data_ptr<float>(), *gh0p = gh0.data_ptr<float>();
-  float *gDp = gD.data_ptr<float>(), *gzp = gz.data_ptr<float>(), *gbp = gbias.data_ptr<float>();
+  const Grads g{opt_ptr(h0, {nb, N, Di}, "h0"), opt_ptr(g_last, {nb, N, Di}, "g_last"), g_y.data_ptr<float>(),
+                gx.data_ptr<float>(), gdt.data_ptr<float>(), gA.data_ptr<float>(), gB.data_ptr<float>(),
+                gC.data_ptr<float>(), gh0.data_ptr<float>(), gD.data_ptr<float>(), gz.data_ptr<float>(),
+                gbias.data_ptr<float>(), nb};
   const int64_t segments = (T + kSegment - 1) / kSegment;
   at::parallel_for(0, nb * nblk, 1, [&](int64_t i0, int64_t i1) {
-    std::vector<__m512> h(N), gh(N), gAacc(N), starts(segments * N), prev(kSegment * N), decay(kSegment * N);
-    std::vector<__m512> pB(N), pC(N), ys(kSegment);  // ∂B_t, ∂C_t lanes before their sums; Σ_n C h per step
+    Scratch w(segments, N);
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t b = i / nblk, blk = i % nblk, d0 = blk * kLanes;
-      const __mmask16 m = lanes(d0, Di);
-      load_state(h0p, b, d0, N, Di, h.data());
-      for (int64_t k = 0; k < segments; ++k) {  // the first state of every segment
-        std::copy(h.begin(), h.end(), starts.begin() + k * N);
-        if (k + 1 < segments)
-          steps<false, false>(s, b, d0, k * kSegment, (k + 1) * kSegment, h.data(), nullptr, nullptr, nullptr, nullptr);
-      }
-      load_state(glp, b, d0, N, Di, gh.data());
-      std::fill(gAacc.begin(), gAacc.end(), _mm512_setzero_ps());
-      __m512 gDacc = _mm512_setzero_ps(), gbacc = _mm512_setzero_ps();
-      for (int64_t k = segments - 1; k >= 0; --k) {
-        const int64_t t0 = k * kSegment, t1 = std::min(T, t0 + kSegment);
-        std::copy(starts.begin() + k * N, starts.begin() + (k + 1) * N, h.begin());
-        if (s.z)  // h ends as h_{t1−1}; ys keeps Σ_n C h for the gate's derivative
-          steps<true, true>(s, b, d0, t0, t1, h.data(), nullptr, ys.data(), prev.data(), decay.data());
-        else
-          steps<false, true>(s, b, d0, t0, t1, h.data(), nullptr, nullptr, prev.data(), decay.data());
-        for (int64_t t = t1 - 1; t >= t0; --t) {
-          const int64_t r = s.row(b, t, d0), j = (t - t0) * N;
-          const __m512 raw = s.raw_delta(r, d0, m), dtv = s.delta(raw), xv = load(s.x + r, m);
-          const __m512 dx = _mm512_mul_ps(dtv, xv), Dv = s.D ? load(s.D + d0, m) : _mm512_setzero_ps();
-          __m512 gy = load(gyp + r, m);
-          if (s.z) {  // y = (Σ C h + D x) · SiLU(z): torch's silu_backward, σ · (1 + z (1 − σ))
-            const __m512 zv = load(s.z + r, m), den = _mm512_add_ps(ones(), exp16(neg(zv)));
-            const __m512 sg = _mm512_div_ps(ones(), den), pre = _mm512_add_ps(ys[t - t0], _mm512_mul_ps(Dv, xv));
-            const __m512 dsilu = _mm512_mul_ps(sg, _mm512_add_ps(ones(), _mm512_mul_ps(zv, _mm512_sub_ps(ones(), sg))));
-            _mm512_mask_storeu_ps(gzp + r, m, _mm512_mul_ps(_mm512_mul_ps(gy, pre), dsilu));
-            gy = _mm512_mul_ps(gy, _mm512_div_ps(zv, den));
-          }
-          if (s.D) gDacc = _mm512_add_ps(gDacc, _mm512_mul_ps(gy, xv));
-          const int64_t out = ((blk * nb + b) * T + t) * N;
-          const float *Bt = s.B + (b * T + t) * N, *Ct = s.C + (b * T + t) * N;
-          __m512 g_dx = _mm512_setzero_ps(), g_dtA = _mm512_setzero_ps();
-          for (int64_t n = 0; n < N; ++n) {
-            // h_t = h (t = t1 − 1) or the state after step t, which is prev[t + 1]
-            const __m512 ht = t == t1 - 1 ? h[n] : prev[j + N + n];
-            pC[n] = _mm512_mul_ps(ht, gy);
-            gh[n] = _mm512_add_ps(gh[n], _mm512_mul_ps(_mm512_set1_ps(Ct[n]), gy));
-            const __m512 a = decay[j + n];
-            const __m512 g_log = _mm512_mul_ps(_mm512_mul_ps(gh[n], prev[j + n]), a);
-            gAacc[n] = _mm512_add_ps(gAacc[n], _mm512_mul_ps(g_log, dtv));
-            g_dtA = _mm512_add_ps(g_dtA, _mm512_mul_ps(g_log, load(s.At + n * Di + d0, m)));
-            g_dx = _mm512_add_ps(g_dx, _mm512_mul_ps(gh[n], _mm512_set1_ps(Bt[n])));
-            pB[n] = _mm512_mul_ps(gh[n], dx);  // 0 in the lanes past Di: dx is
-            gh[n] = _mm512_mul_ps(gh[n], a);
-          }
-          hsums(pB.data(), N, gBp + out);
-          hsums(pC.data(), N, gCp + out);
-          const __m512 gxv = _mm512_mul_ps(g_dx, dtv);
-          _mm512_mask_storeu_ps(gxp + r, m, s.D ? _mm512_add_ps(gxv, _mm512_mul_ps(Dv, gy)) : gxv);
-          __m512 gd = _mm512_add_ps(g_dtA, _mm512_mul_ps(g_dx, xv));  // ∂Δ
-          if (s.softplus) {  // torch's softplus_backward: v > 20 ? g : g · e^v / (e^v + 1)
-            const __m512 e = exp16(raw);
-            const __mmask16 big = _mm512_cmp_ps_mask(raw, _mm512_set1_ps(20.0f), _CMP_GT_OQ);
-            gd = _mm512_mask_blend_ps(big, _mm512_div_ps(_mm512_mul_ps(gd, e), _mm512_add_ps(e, ones())), gd);
-          }
-          if (s.dt_bias) gbacc = _mm512_add_ps(gbacc, gd);
-          _mm512_mask_storeu_ps(gdtp + r, m, gd);
-        }
-      }
-      store_state(gAp, b, d0, N, Di, gAacc.data());
-      store_state(gh0p, b, d0, N, Di, gh.data());
-      if (s.D) _mm512_mask_storeu_ps(gDp + b * Di + d0, m, gDacc);
-      if (s.dt_bias) _mm512_mask_storeu_ps(gbp + b * Di + d0, m, gbacc);
+      if (N == kFixedN)
+        backward_block<kFixedN>(s, g, w, i / nblk, i % nblk);
+      else
+        backward_block<0>(s, g, w, i / nblk, i % nblk);
     }
   });
   return {gx, gdt, gA, gB, gC, gh0, gD, gz, gbias};

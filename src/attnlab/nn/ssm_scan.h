@@ -1,17 +1,20 @@
 // The pieces of the selective-scan kernels (ssm_scan.cpp): the scan's inputs, the element-wise maps
 // around it (Δ's bias and softplus, the skip D, the SiLU gate), one run of steps over a block of 16
 // channels, and the horizontal sums of the backward pass. Every map rounds as the PyTorch operation
-// it stands for (Sleef's exp and log1p, as torch's; no FMA: -ffp-contract=off).
+// it stands for (Sleef's exp and log1p, as torch's: exp16 is Sleef's written out inline; no FMA:
+// -ffp-contract=off).
 #pragma once
 
 #include <immintrin.h>
 #include <cstdint>
+#include <vector>
 
 #include "decode_ops.h"  // exp16 (Sleef's exp, torch.exp's), tail_mask
 
 namespace attnlab_ssm {
 
 using attnlab_decode::exp16;
+using attnlab_decode::prefetch;
 using attnlab_decode::tail_mask;
 
 // Sleef's 16-lane log1p (1 ulp), exported by libtorch_cpu like its exp (decode_ops.h); weak, so a build
@@ -27,6 +30,9 @@ inline __m512 log1p16(__m512 x) {
 }
 
 constexpr int64_t kLanes = 16;
+// Rows prefetched ahead of the step in use: a (sequence, block) walks its rows at a stride of Di
+// floats, one cache line each, which the hardware prefetcher does not follow (causal_conv.cpp).
+constexpr int64_t kAhead = 8;
 
 inline __mmask16 lanes(int64_t d0, int64_t di) { return di - d0 >= kLanes ? (__mmask16)0xFFFF : tail_mask(di - d0); }
 inline __m512 load(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
@@ -42,6 +48,15 @@ struct Scan {
   int64_t blocks() const { return (Di + kLanes - 1) / kLanes; }
   int64_t row(int64_t b, int64_t t, int64_t d0) const { return (b * T + t) * Di + d0; }
 
+  // the lines of step t's rows that a step reads: x, dt, z at channels d0.., B and C
+  void prefetch_step(int64_t b, int64_t t, int64_t d0) const {
+    const int64_t r = row(b, t, d0);
+    prefetch(x + r);
+    prefetch(dt + r);
+    if (z) prefetch(z + r);
+    prefetch(B + (b * T + t) * N);
+    prefetch(C + (b * T + t) * N);
+  }
   // dt + dt_bias at row, before the softplus (what its derivative needs)
   __m512 raw_delta(int64_t r, int64_t d0, __mmask16 m) const {
     const __m512 v = load(dt + r, m);
@@ -64,17 +79,43 @@ struct Scan {
   }
 };
 
+// What a run of steps keeps of each step t (index t − t0), each pointer optional: acc, Σ_n C_t,n h_n
+// (one vector); prev and decay, h_{t−1} and a_t (N vectors each); delta, Δ_t (one vector).
+struct Kept {
+  __m512 *acc = nullptr, *prev = nullptr, *decay = nullptr, *delta = nullptr;
+};
+
+// The scan's state count as the loops see it: kN when it is a compile-time constant (the kernels'
+// 16, the d_state of every Mamba recipe: the loops unroll and the states stay in registers), else
+// the run's N (kN = 0).
+template <int64_t kN>
+inline int64_t states(const Scan& s) { return kN > 0 ? kN : s.N; }
+
+// N vectors: a fixed array for a compile-time kN (registers, once the loops unroll), else on the heap.
+template <int64_t kN>
+struct Vectors {
+  __m512 v[kN];
+  explicit Vectors(int64_t) {}
+  __m512* data() { return v; }
+};
+template <>
+struct Vectors<0> {
+  std::vector<__m512> v;
+  explicit Vectors(int64_t n) : v(n) {}
+  __m512* data() { return v.data(); }
+};
+
 // Runs steps t0 .. t1 − 1 of sequence b, channels d0 .. d0 + 15, from the states h (N vectors).
-// WithY: computes Σ_n C_t,n h_n and writes output() to y (when y is given) and the sum itself to
-// acc_out[t − t0] (when given); Keep: writes h_{t−1} and a_t of every step to prev and decay (N vectors
-// per step).
-template <bool WithY, bool Keep>
+// WithY: computes Σ_n C_t,n h_n and writes output() to y (when y is given); keeps what `keep` asks.
+// ahead(t) is called kAhead steps before step t (for the lines that t will read or write).
+template <int64_t kN, bool WithY, typename Ahead>
 inline void steps(const Scan& s, int64_t b, int64_t d0, int64_t t0, int64_t t1, __m512* h, float* y,
-                  __m512* acc_out, __m512* prev, __m512* decay) {
+                  const Kept& keep, Ahead ahead) {
   const __mmask16 m = lanes(d0, s.Di);
-  const int64_t N = s.N;
+  const int64_t N = states<kN>(s);
   for (int64_t t = t0; t < t1; ++t) {
-    const int64_t r = s.row(b, t, d0);
+    if (t + kAhead < t1) ahead(t + kAhead);
+    const int64_t r = s.row(b, t, d0), j = t - t0;
     const __m512 dtv = s.delta(s.raw_delta(r, d0, m));
     const __m512 dx = _mm512_mul_ps(dtv, load(s.x + r, m));
     const float* Bt = s.B + (b * s.T + t) * N;
@@ -82,15 +123,14 @@ inline void steps(const Scan& s, int64_t b, int64_t d0, int64_t t0, int64_t t1, 
     __m512 acc = _mm512_setzero_ps();
     for (int64_t n = 0; n < N; ++n) {
       const __m512 a = exp16(_mm512_mul_ps(dtv, load(s.At + n * s.Di + d0, m)));
-      if (Keep) {
-        prev[(t - t0) * N + n] = h[n];
-        decay[(t - t0) * N + n] = a;
-      }
+      if (keep.prev) keep.prev[j * N + n] = h[n];
+      if (keep.decay) keep.decay[j * N + n] = a;
       h[n] = _mm512_add_ps(_mm512_mul_ps(a, h[n]), _mm512_mul_ps(dx, _mm512_set1_ps(Bt[n])));
       if (WithY) acc = _mm512_add_ps(acc, _mm512_mul_ps(h[n], _mm512_set1_ps(Ct[n])));
     }
+    if (keep.delta) keep.delta[j] = dtv;
     if (WithY && y != nullptr) _mm512_mask_storeu_ps(y + r, m, s.output(acc, r, d0, m));
-    if (WithY && acc_out != nullptr) acc_out[t - t0] = acc;
+    if (WithY && keep.acc != nullptr) keep.acc[j] = acc;
   }
 }
 

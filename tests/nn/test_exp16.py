@@ -1,0 +1,56 @@
+"""The C++ kernels' inline exp (decode_ops.h exp16) rounds as PyTorch's own vectorized exp (Sleef's
+expf16_u10, the exp inside F.silu): the convolution kernel with one tap of weight 1 is F.silu(x), bit
+for bit, over the whole range of exp (through its underflow at −104 and overflow past 88.7), at
+the special values, and in the selective scan's decays exp(Δ A)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnlab.nn import quant_kernel
+from attnlab.nn.causal_conv import causal_conv1d_silu
+from attnlab.nn.ssm import selective_scan
+
+pytestmark = pytest.mark.skipif(quant_kernel.kernel() != "cpp", reason="the C++ extension does not build here")
+
+SPECIAL = [0.0, 1.0, -1.0, 88.72, 88.73, 100.0, 100.01, -87.33, -103.97, -104.0, -104.01, -150.0,
+           float("inf"), float("-inf"), float("nan"), 1e-30, -1e-30, 0.5 * 0.6931472, -0.5 * 0.6931472]
+
+
+def _silu_by_kernel(x: torch.Tensor) -> torch.Tensor:
+    """x (n,) through conv_silu_forward with K = 1, weight 1, no bias: SiLU(0 + 1 · x) = x / (1 + exp(−x))
+    (−0 becomes +0 in that sum, so −0 is not among the SPECIAL values)."""
+    n = x.numel()
+    return causal_conv1d_silu(x.view(1, 1, n), torch.ones(n, 1, 1), impl="cpp").view(n)
+
+
+def _grid() -> torch.Tensor:
+    g = torch.Generator().manual_seed(0)
+    dense = torch.linspace(-110.0, 110.0, 400_003)
+    small = torch.randn(200_000, generator=g) * 3                     # where exp's result is near 1
+    tiny = torch.randn(50_000, generator=g) * 1e-4
+    return torch.cat([dense, small, tiny, torch.tensor(SPECIAL)])
+
+
+def test_exp_inside_silu_is_pytorchs_bit_for_bit():
+    x = _grid()
+    got, want = _silu_by_kernel(x), F.silu(x)
+    same = (got.view(torch.int32) == want.view(torch.int32)) | (got.isnan() & want.isnan())
+    bad = (~same).nonzero().flatten()
+    assert bad.numel() == 0, f"{bad.numel()} values differ, first x = {x[bad[0]].item()!r}"
+
+
+def test_decays_round_as_exp_within_one_ulp_pair():
+    """h_1 = exp(Δ A) · h_0 with h_0 = 1, x = 0: the scan returns its decays themselves. torch.exp
+    on a large tensor runs MKL's exp, not Sleef's: both are within 1 ulp of e^x, so within 2 of each
+    other, and exact at 0 (Δ = 0 leaves the state as it is)."""
+    a = -torch.cat([torch.linspace(0.0, 110.0, 4096), torch.rand(4096) * 5])     # A ≤ 0, as the model's
+    di = a.numel()
+    zero = torch.zeros(1, 1, di)
+    _, h = selective_scan(zero, torch.ones(1, 1, di), a.view(di, 1), torch.zeros(1, 1, 1), torch.zeros(1, 1, 1),
+                          h0=torch.ones(1, di, 1), impl="cpp")
+    got, want = h.view(di), torch.exp(a)
+    ulp = (got.view(torch.int32).long() - want.view(torch.int32).long()).abs()
+    assert ulp.max().item() <= 2
+    assert got[0].item() == 1.0
