@@ -17,7 +17,7 @@
 #include <immintrin.h>
 #include <cstdint>
 
-#include "decode_ops.h"  // exp16 (Sleef's exp, torch.exp's), tail_mask
+#include "decode_ops.h"  // exp16 (Sleef's exp, as F.silu's), prefetch, tail_mask
 
 namespace {
 

@@ -111,8 +111,8 @@ inline void rope(float* x, int64_t n, int64_t dh, const float* cos, const float*
   }
 }
 
-// e^x in 16 lanes, bit for bit Sleef's expf16_u10 (max error 1 ulp), the exp PyTorch's CPU kernels
-// run (torch.exp, F.silu's exp), written out inline: called in libtorch (through the PLT) it cost a
+// e^x in 16 lanes, bit for bit Sleef's expf16_u10 (max error 1 ulp), the exp of PyTorch's vectorized
+// CPU kernels (F.silu's; torch.exp itself runs MKL's where torch is built with MKL), written out inline: called in libtorch (through the PLT) it cost a
 // call per vector and clobbered every vector register of the loops around it. Sleef's xexpf:
 // q = round(x / ln 2), s = x − q ln 2 in two FMA steps (Cody–Waite), e^s by a degree-7 polynomial
 // 1 + s + s² P(s), times 2^q; 0 below −104, ∞ above 100, NaN stays NaN. The constants and the

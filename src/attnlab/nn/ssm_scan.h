@@ -1,15 +1,15 @@
 // The pieces of the selective-scan kernels (ssm_scan.cpp): the scan's inputs, the element-wise maps
 // around it (Δ's bias and softplus, the skip D, the SiLU gate), one run of steps over a block of 16
 // channels, and the horizontal sums of the backward pass. Every map rounds as the PyTorch operation
-// it stands for (Sleef's exp and log1p, as torch's: exp16 is Sleef's written out inline; no FMA:
-// -ffp-contract=off).
+// it stands for (Sleef's exp and log1p, as F.silu and F.softplus run them: exp16 is Sleef's written
+// out inline; no FMA: -ffp-contract=off), and each block's rows are prefetched kAhead steps ahead.
 #pragma once
 
 #include <immintrin.h>
 #include <cstdint>
 #include <vector>
 
-#include "decode_ops.h"  // exp16 (Sleef's exp, torch.exp's), tail_mask
+#include "decode_ops.h"  // exp16 (Sleef's exp, as F.silu's), prefetch, tail_mask
 
 namespace attnlab_ssm {
 
