@@ -1,7 +1,9 @@
 """The per-machine choice of nn/cpu_tuning.py: a fixed rule on /proc/cpuinfo, the same at every call."""
 import pytest
+import torch
 
 from attnlab.nn import cpu_tuning
+from attnlab.nn import linear as fast_linear
 
 AMD = "vendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx512f avx512_vnni avx512_bf16\n"
 INTEL = ("vendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Platinum 8488C\n"
@@ -34,3 +36,20 @@ def test_the_environment_forces_a_row_and_a_bad_value_is_named(monkeypatch):
     monkeypatch.setenv(cpu_tuning.ENV, "arm")
     with pytest.raises(ValueError, match="ATTNLAB_CPU_TUNING='arm': must be one of intel, amd"):
         cpu_tuning.choose()
+
+
+def test_this_machine_is_read_once(monkeypatch):
+    """Regression: nn/linear.py asked cpu_tuning for its backward-capable form on every few-row
+    product with a gradient, and each ask read /proc/cpuinfo again."""
+    reads = []
+    real = cpu_tuning._read_info
+    monkeypatch.setattr(cpu_tuning, "_read_info", lambda path: reads.append(path) or real(path))
+    cpu_tuning._this_machine.cache_clear()
+    x = torch.randn(2, 8, requires_grad=True)
+    weight = torch.randn(12, 8)
+    for _ in range(5):
+        fast_linear.linear(x, weight).sum().backward()
+    first = cpu_tuning.cpu_info()
+    first["flags"]["amx"] = "changed by a caller"
+    assert reads.count(cpu_tuning.CPUINFO) <= 1
+    assert cpu_tuning.cpu_info()["flags"]["amx"] in (True, False)  # each call its own copy

@@ -35,6 +35,7 @@ machine; read when a weight is prepared).
 """
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -82,9 +83,23 @@ def quant_tile(scheme: str, info: dict | None = None) -> int:
     return getattr(choose(info), f"tile_{scheme}")
 
 
-def cpu_info(path: str = "/proc/cpuinfo") -> dict:
+CPUINFO = "/proc/cpuinfo"
+
+
+def cpu_info(path: str = CPUINFO) -> dict:
     """{"vendor", "model_name", "flags": {avx512_vnni, avx512_bf16, amx}} of this CPU ("" / False
-    where /proc/cpuinfo does not say)."""
+    where /proc/cpuinfo does not say). This machine's file is read once per process (the CPU does
+    not change under it; nn/linear.py asks on every few-row product); each call gets its own copy."""
+    info = _this_machine() if path == CPUINFO else _read_info(path)
+    return {**info, "flags": dict(info["flags"])}
+
+
+@functools.cache
+def _this_machine() -> dict:
+    return _read_info(CPUINFO)
+
+
+def _read_info(path: str) -> dict:
     fields: dict[str, str] = {}
     try:
         for line in Path(path).read_text().splitlines():

@@ -34,11 +34,13 @@ MAX_FAST_ROWS = 16  # R up to which the fast forms beat F.linear (fp32, CPU)
 _form: dict = {}
 
 
-def form() -> str:
-    """This machine's few-row fp32 product: "cpp", "bmm" or "blas" (module doc); decided once."""
+def form(grad: bool = False) -> str:
+    """This machine's few-row fp32 product: "cpp", "bmm" or "blas" (module doc); decided once.
+    grad=True: the form for a product autograd records (the "cpp" op has no backward)."""
     if "name" not in _form:
         _form["name"] = cpu_tuning.linear_form(kernel() == "cpp")
-    return _form["name"]
+        _form["grad"] = cpu_tuning.linear_form(False)
+    return _form["grad" if grad else "name"]
 
 
 def _cpp(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -68,9 +70,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if (rows == 0 or rows > MAX_FAST_ROWS or x.device.type != "cpu" or x.dtype != torch.float32
             or weight.dtype != torch.float32 or not weight.is_contiguous()):
         return F.linear(x, weight, bias)
-    how = form()
-    if how == "cpp" and torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
-        how = cpu_tuning.linear_form(False)  # the custom op has no backward: the machine's other form
+    how = form(grad=torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
     if how == "cpp":
         y = _cpp(x.reshape(rows, in_features), weight).view(*x.shape[:-1], out_features)
     elif how != "blas" and out_features % ROW_BLOCKS == 0:
