@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from attnlab.nn.attention import MultiHeadAttention, scaled_dot_product_attention
+from attnlab.nn.lora import LoRALinear
 from attnlab.nn.masks import causal_mask, padding_mask
 
 
@@ -94,3 +95,33 @@ def test_is_causal_equals_the_explicit_causal_mask(impl):
     torch.testing.assert_close(fast, explicit, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="either a mask or is_causal"):
         scaled_dot_product_attention(q, k, v, causal_mask(9), impl=impl, is_causal=True)
+
+
+@pytest.mark.parametrize("n_kv_heads, bias", [(4, True), (2, False), (1, True)])
+def test_training_runs_the_three_projections_as_one_product(n_kv_heads, bias, monkeypatch):
+    """The stacked product of training (MultiHeadAttention._project_qkv) equals the three separate
+    ones: outputs and every parameter's gradient; inference and LoRA keep the three."""
+    torch.manual_seed(0)
+    layer = MultiHeadAttention(32, 4, n_kv_heads=n_kv_heads, bias=bias)
+    x = torch.randn(2, 7, 32)
+    stacked = []
+    real = layer._project_qkv
+    monkeypatch.setattr(layer, "_project_qkv", lambda t: stacked.append(1) or real(t))
+
+    def run(fused: bool):
+        layer.zero_grad()
+        monkeypatch.setattr(layer, "_fuses_qkv", lambda t: fused)
+        out, _ = layer(x, is_causal=True)
+        out.square().sum().backward()
+        return [out.detach()] + [p.grad.clone() for p in layer.parameters()]
+
+    separate, fused = run(False), run(True)
+    assert stacked == [1]
+    for a, b in zip(fused, separate):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    monkeypatch.undo()
+    assert layer._fuses_qkv(x)
+    with torch.no_grad():
+        assert not layer._fuses_qkv(x)
+    layer.q_proj = LoRALinear(layer.q_proj, 2, 4.0, 0.0, False)
+    assert not layer._fuses_qkv(x)

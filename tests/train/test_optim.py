@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from attnlab.train.optim import cosine_lr, noam_lr
+from attnlab.train.optim import clip_normalised_, cosine_lr, noam_lr
 
 
 def test_noam_known_values_and_peak_at_warmup():
@@ -86,3 +86,19 @@ def test_budget_cosine_lr_known_values():
     assert budget_cosine_lr(1, 0.25, LR, 0.0, 0) == pytest.approx(LR * 0.5 * (1 + math.cos(math.pi / 4)))
     with pytest.raises(ValueError, match="fraction"):
         budget_cosine_lr(3, -0.1, LR, LOW, WARM)
+
+
+@pytest.mark.parametrize("max_norm", [1e-3, 1.0, 1e6])
+def test_clip_normalised_is_scale_then_clip_in_one_multiply(max_norm):
+    g = torch.Generator().manual_seed(0)
+    grads = [torch.randn(5, 3, generator=g) * 40, torch.randn(7, generator=g)]
+    params = [torch.nn.Parameter(torch.zeros_like(x)) for x in grads]
+    for p, x in zip(params, grads):
+        p.grad = x.clone()
+    torch._foreach_mul_([p.grad for p in params], 1 / 37)
+    want_norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
+    norm = clip_normalised_(grads, 1 / 37, max_norm)
+    torch.testing.assert_close(norm, want_norm)
+    for x, p in zip(grads, params):
+        torch.testing.assert_close(x, p.grad, atol=0, rtol=2e-6)
+    assert clip_normalised_([], 0.5, 1.0) == 0

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.errors import UserError
+from attnlab.nn import short_attention
 from attnlab.nn.kv_cache import KVCache
 from attnlab.nn.linear import Linear
 from attnlab.nn.masks import causal_mask
@@ -67,6 +68,8 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         else:
             mask = mask | ~visible  # let empty rows attend everywhere, then zero them below
     groups = q.size(1) // k.size(1)
+    if impl == "sdpa" and not need_weights and is_causal and short_attention.applies(q, k, v, dropout):
+        return short_attention.causal_attention(q, k, v), None  # training on short windows (its module doc)
     if impl == "sdpa" and not need_weights:
         with _fp32_under_cpu_autocast(q) as cast:
             out = F.scaled_dot_product_attention(cast(q), cast(k), cast(v), attn_mask=mask, dropout_p=dropout,
@@ -127,6 +130,26 @@ class MultiHeadAttention(nn.Module):
         b, t, _ = x.shape
         return x.view(b, t, heads, self.head_dim).transpose(1, 2)  # (B, heads, T, Dh)
 
+    def _fuses_qkv(self, x: torch.Tensor) -> bool:
+        """Self-attention in training through plain Linear projections (not LoRA or quantized
+        ones): there the three products run as one (`_project_qkv`). Inference keeps three, whose
+        few-row products nn/linear.py computes in its own faster form."""
+        return (torch.is_grad_enabled() and x.dim() == 3
+                and all(type(p) is Linear for p in (self.q_proj, self.k_proj, self.v_proj)))
+
+    def _project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q (B, H, T, Dh), k, v (B, K, T, Dh) of a (B, T, D) input by one product with the three
+        weights stacked (the parameters stay three, under their names): one larger product instead of
+        three small ones, and under autocast one cast of x instead of three, in the forward and the
+        backward pass. Equal to the three products up to fp32 summation order."""
+        q_w, k_w, v_w = self.q_proj.weight, self.k_proj.weight, self.v_proj.weight
+        bias = None
+        if self.q_proj.bias is not None:
+            bias = torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
+        qkv = F.linear(x, torch.cat([q_w, k_w, v_w]), bias)  # (B, T, (H + 2K)·Dh)
+        q, k, v = qkv.split([q_w.shape[0], k_w.shape[0], v_w.shape[0]], dim=-1)
+        return self._split(q, self.n_heads), self._split(k, self.n_kv_heads), self._split(v, self.n_kv_heads)
+
     def project_kv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of a (B, S, D) input: each (B, K, S, Dh). Cross-attention computes these
         once per source and reuses them at every decoding step."""
@@ -149,10 +172,13 @@ class MultiHeadAttention(nn.Module):
         Returns:
             (output (B, T, D), weights (B, H, T, S) or None).
         """
-        q = self._split(self.q_proj(x), self.n_heads)  # (B, H, T, Dh)
-        if kv is None:  # self-attention (kv_input None) or cross-attention
-            kv = self.project_kv(x if kv_input is None else kv_input)
-        k, v = kv  # (B, K, S, Dh) each
+        if kv is None and kv_input is None and self._fuses_qkv(x):
+            q, k, v = self._project_qkv(x)
+        else:
+            q = self._split(self.q_proj(x), self.n_heads)  # (B, H, T, Dh)
+            if kv is None:  # self-attention (kv_input None) or cross-attention
+                kv = self.project_kv(x if kv_input is None else kv_input)
+            k, v = kv  # (B, K, S, Dh) each
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:

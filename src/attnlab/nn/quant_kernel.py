@@ -13,8 +13,9 @@ Two implementations of each formula:
              cached under ~/.cache/torch_extensions, one build per version of the sources) on x86-64
              CPUs with AVX512-VNNI and a C++ compiler. The same extension holds the fused decode step
              (fused_decode.cpp, used by nn/fused_decode.py), which shares the int8 code (quant_kernel.h),
-             and Mamba's selective scan and causal convolution (ssm_scan.cpp, causal_conv.cpp: nn/ssm.py,
-             nn/causal_conv.py);
+             Mamba's selective scan and causal convolution (ssm_scan.cpp, causal_conv.cpp: nn/ssm.py,
+             nn/causal_conv.py), and the short causal attention of training (short_attention.cpp:
+             nn/short_attention.py);
     "torch"  the pure-PyTorch reference: dequantize W (in slices of rows) and call F.linear.
 A weight in the kernel's tiled layout (nn/quant.py QuantWeight.tile, made once by
 nn/quant_linear.py prepare) runs the tiled kernel (quant_tiles.h); one in ggml's rows the row tiles.
@@ -43,7 +44,7 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None
 
 SOURCES = [Path(__file__).with_name(n) for n in ("quant_kernel.cpp", "fused_decode.cpp", "ssm_scan.cpp",
-                                                  "causal_conv.cpp")]
+                                                  "causal_conv.cpp", "short_attention.cpp")]
 HEADERS = [Path(__file__).with_name(n) for n in ("quant_kernel.h", "quant_tiles.h", "decode_matvec.h", "decode_ops.h",
                                                   "decode_attention.h", "decode_team.h", "ssm_scan.h")]
 SCHEME_ID = {s: i for i, s in enumerate(SCHEMES)}  # = quant_kernel.h enum Scheme (tests/nn/test_kernel_ids.py)

@@ -37,8 +37,8 @@ from attnlab.train.checkpoint import load_training_state, save_training_state, s
 from attnlab.train.config import TrainConfig
 from attnlab.train.end_of_run import finish
 from attnlab.train.guards import StopSignals, TrainingInterrupted, check_finite_weights
-from attnlab.train.optim import (budget_cosine_lr, budget_warmup, build_optimizer, cosine_lr, noam_lr, set_lr,
-                                 warmup_steps_for)
+from attnlab.train.optim import (budget_cosine_lr, budget_warmup, build_optimizer, clip_normalised_, cosine_lr,
+                                 noam_lr, set_lr, warmup_steps_for)
 from attnlab.train.parallel import OneProcess
 from attnlab.train.run_dir import CHECKPOINT_DIR, align_with_checkpoint, take_snapshot, weights_path
 from attnlab.train.objective import Objective
@@ -266,9 +266,12 @@ class Trainer:
         n_tokens = int(n_tokens)
         scale = 1.0 / max(n_tokens, 1)
         grads = [p.grad for p in module.parameters() if p.grad is not None]
-        torch._foreach_mul_(grads, scale)  # one call for every gradient
-        if cfg.clip_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(module.parameters(), cfg.clip_grad_norm, foreach=True)
+        if cfg.clip_grad_norm > 0 and not strategy.world.distributed:
+            clip_normalised_(grads, scale, cfg.clip_grad_norm)
+        else:
+            torch._foreach_mul_(grads, scale)  # one call for every gradient
+            if cfg.clip_grad_norm > 0:  # sharded or replicated: torch's clipping knows their norms
+                torch.nn.utils.clip_grad_norm_(module.parameters(), cfg.clip_grad_norm, foreach=True)
         optimizer.step()
         check_finite_weights(module, s.step + 1, agree=lambda ok: not distributed.any_true(not ok))
         s.step += 1

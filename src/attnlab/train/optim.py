@@ -167,3 +167,23 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr
 
+
+
+def clip_normalised_(grads: list[torch.Tensor], scale: float, max_norm: float) -> torch.Tensor:
+    """grads ← grads · scale, then clipped to a global L2 norm of at most max_norm, as one multiply:
+    the same as `_foreach_mul_(grads, scale)` followed by `clip_grad_norm_(…, max_norm)` (its
+    coefficient max_norm / (norm + 1e-6), at most 1), up to fp32 rounding, with one pass over the
+    gradients fewer. One process's unsharded gradients only (torch's clipping handles the others).
+
+    Args:
+        grads: the gradients, modified in place. scale: the loss normalisation (1 / the token count).
+        max_norm: > 0.
+    Returns:
+        the norm of the scaled gradients before clipping (a 0-d tensor; non-finite where a gradient is).
+    Source: Pascanu et al. 2013, §3.2 (clipping the gradient's norm).
+    """
+    if not grads:
+        return torch.zeros(())
+    norm = torch.nn.utils.get_total_norm(grads, foreach=True) * scale
+    torch._foreach_mul_(grads, (max_norm / (norm + 1e-6)).clamp(max=1.0) * scale)
+    return norm

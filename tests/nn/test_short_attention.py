@@ -1,0 +1,121 @@
+"""The short causal attention of training (nn/short_attention.py): equal to SDPA in float64 (values
+and every gradient; fp32 to 1e-5), bf16 exactly the fp32 kernel rounded once, used by attention only
+where it applies, and a missing extension named."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnlab.errors import UserError
+from attnlab.nn import attention as attention_mod
+from attnlab.nn import quant_kernel, short_attention
+from attnlab.nn.attention import MultiHeadAttention, scaled_dot_product_attention
+
+CPP = quant_kernel.kernel() == "cpp"
+needs_cpp = pytest.mark.skipif(not CPP, reason="the C++ extension does not build here")
+
+
+def _inputs(b, h, t, dh, dtype, seed=0, contiguous=False):
+    g = torch.Generator().manual_seed(seed)
+    if contiguous:
+        return [torch.randn(b, h, t, dh, generator=g).to(dtype).requires_grad_() for _ in range(3)]
+    # (B, T, H, Dh) viewed as (B, H, T, Dh): the layout a projection's output gives
+    return [torch.randn(b, t, h, dh, generator=g).to(dtype).transpose(1, 2).detach().requires_grad_()
+            for _ in range(3)]
+
+
+def _grads(fn, xs, g_o):
+    out = fn(*xs)
+    out.backward(g_o.to(out.dtype))
+    return [out.detach()] + [x.grad for x in xs]
+
+
+@needs_cpp
+@pytest.mark.parametrize("b,h,t,dh", [(2, 3, 64, 32), (1, 2, 5, 16), (2, 2, 128, 64), (1, 1, 17, 128),
+                                      (3, 4, 33, 32), (1, 1, 1, 16)])
+@pytest.mark.parametrize("contiguous", [False, True])
+def test_fp32_equals_sdpa_in_float64(b, h, t, dh, contiguous):
+    xs = _inputs(b, h, t, dh, torch.float32, seed=t, contiguous=contiguous)
+    ref = [x.detach().double().requires_grad_() for x in xs]
+    g_o = torch.randn(b, h, t, dh, generator=torch.Generator().manual_seed(1))
+    ours = _grads(short_attention.causal_attention, xs, g_o)
+    want = _grads(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), ref, g_o)
+    assert ours[0].dtype == torch.float32 and ours[0].shape == (b, h, t, dh)
+    for got, exp in zip(ours, want):
+        torch.testing.assert_close(got.double(), exp, atol=1e-5, rtol=1e-5)
+
+
+@needs_cpp
+def test_bf16_is_the_fp32_kernel_rounded_once_and_close_to_float64():
+    xs = _inputs(2, 4, 64, 32, torch.bfloat16, seed=3)
+    as_fp32 = [x.detach().float().requires_grad_() for x in xs]  # the same values, exactly
+    out = short_attention.causal_attention(*xs)
+    assert out.dtype == torch.bfloat16
+    assert torch.equal(out, short_attention.causal_attention(*as_fp32).to(torch.bfloat16))
+    g_o = torch.randn(2, 4, 64, 32, generator=torch.Generator().manual_seed(2)).bfloat16()
+    ours = _grads(short_attention.causal_attention, xs, g_o)
+    ref = [x.detach().double().requires_grad_() for x in xs]
+    want = _grads(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), ref, g_o.double())
+    for got, exp in zip(ours, want):  # bf16's rounding of values of size ~1 (and of o inside the backward)
+        torch.testing.assert_close(got.double(), exp, atol=4e-2, rtol=2e-2)
+
+
+@needs_cpp
+def test_a_query_never_sees_a_later_key():
+    q, k, v = _inputs(1, 2, 20, 16, torch.float32, seed=5)
+    out = short_attention.causal_attention(q, k, v)
+    out[:, :, 9].sum().backward()
+    assert torch.all(k.grad[:, :, 10:] == 0) and torch.all(v.grad[:, :, 10:] == 0)
+    assert torch.all(q.grad[:, :, :9] == 0) and q.grad[:, :, 9].abs().sum() > 0
+
+
+@needs_cpp
+def test_attention_uses_it_in_training_only(monkeypatch):
+    calls = []
+    real = short_attention.causal_attention
+    monkeypatch.setattr(short_attention, "causal_attention", lambda *a: calls.append(1) or real(*a))
+    layer = MultiHeadAttention(64, 4, dropout=0.0)
+    x = torch.randn(2, 12, 64, requires_grad=True)
+    train_out, _ = layer(x, is_causal=True)
+    assert calls == [1]
+    with torch.no_grad():  # inference keeps SDPA (and its bits)
+        eval_out, _ = layer(x, is_causal=True)
+    assert calls == [1]
+    torch.testing.assert_close(train_out.detach(), eval_out, atol=1e-5, rtol=1e-5)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # bf16 projections: the kernel reads them as they are
+        out, _ = layer(x, is_causal=True)
+    assert calls == [1, 1] and out.dtype == torch.bfloat16
+
+
+@needs_cpp
+@pytest.mark.parametrize("case", ["dropout", "gqa", "long", "odd_head_dim", "mask"])
+def test_sdpa_where_it_does_not_apply(case, monkeypatch):
+    calls = []
+    monkeypatch.setattr(short_attention, "causal_attention", lambda *a: calls.append(1))
+    t, dh, kv_heads, dropout = 16, 16, 4, 0.0
+    if case == "long":
+        t = short_attention.MAX_LENGTH + 1
+    if case == "odd_head_dim":
+        dh = 8
+    if case == "gqa":
+        kv_heads = 2
+    if case == "dropout":
+        dropout = 0.1
+    q = torch.randn(1, 4, t, dh, requires_grad=True)
+    k, v = torch.randn(1, kv_heads, t, dh), torch.randn(1, kv_heads, t, dh)
+    if case == "mask":
+        scaled_dot_product_attention(q, k, v, mask=torch.ones(t, t, dtype=torch.bool).tril())
+    else:
+        scaled_dot_product_attention(q, k, v, dropout=dropout, is_causal=True)
+    assert calls == []
+
+
+def test_a_missing_extension_is_named(monkeypatch):
+    monkeypatch.setattr(quant_kernel, "kernel", lambda: "torch")
+    q = torch.randn(1, 1, 4, 16, requires_grad=True)
+    assert not short_attention.applies(q, q, q, 0.0)
+    with pytest.raises(UserError, match="needs the C\\+\\+ extension"):
+        short_attention.causal_attention(q, q, q)
+    out, _ = attention_mod.scaled_dot_product_attention(q, q, q, is_causal=True)  # SDPA instead
+    assert out.shape == q.shape
