@@ -19,6 +19,7 @@
 #include <torch/library.h>
 #include <immintrin.h>
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -44,8 +45,9 @@ Rows rows(const at::Tensor& x) {
 }
 
 inline void load_row(float* dst, const void* src, bool bf16, int64_t n) {
-  if (!bf16) {
-    std::memcpy(dst, src, n * sizeof(float));
+  if (!bf16) {  // a row of Dh ≤ 128 floats: vector moves (a memcpy call per row cost more than the copy)
+    const float* s = static_cast<const float*>(src);
+    for (int64_t d = 0; d < n; d += kL) _mm512_storeu_ps(dst + d, _mm512_loadu_ps(s + d));
     return;
   }
   const uint16_t* s = static_cast<const uint16_t*>(src);
@@ -66,7 +68,8 @@ inline __m256i to_bf16(__m512 x) {
 
 inline void store_row(void* dst, const float* src, bool bf16, int64_t n) {
   if (!bf16) {
-    std::memcpy(dst, src, n * sizeof(float));
+    float* o = static_cast<float*>(dst);
+    for (int64_t d = 0; d < n; d += kL) _mm512_storeu_ps(o + d, _mm512_loadu_ps(src + d));
     return;
   }
   uint16_t* o = static_cast<uint16_t*>(dst);
@@ -74,93 +77,93 @@ inline void store_row(void* dst, const float* src, bool bf16, int64_t n) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + d), to_bf16(_mm512_loadu_ps(src + d)));
 }
 
-// out[0, 16·NV) = Σ_d x[d] · Mt[d, ·]: a row of x against the D rows of a transposed (D, Tp) matrix.
-// Even and odd d in separate accumulators (two chains: a short row's few vectors would otherwise wait
-// on the FMA latency), added at the end.
+// Two query rows at a time (rows a and b = a + 1): every vector of K, V, Kᵀ, Vᵀ, dk or dv loaded
+// serves both rows, halving the loads per multiply-add (the loops are load-bound with one row).
+// An odd T's last block repeats row a as row b with zero weights (its results are not stored).
+
+// out_r[0, 16·NV) = Σ_d x_r[d] · Mt[d, ·] for the rows x_a, x_b against a transposed (D, Tp) matrix
 template <int NV>
-inline void row_times(const float* x, const float* mt, int64_t D, int64_t Tp, __m512* out) {
-  __m512 a0[NV], a1[NV];
-  for (int v = 0; v < NV; ++v) a0[v] = a1[v] = _mm512_setzero_ps();
-  for (int64_t d = 0; d < D; d += 2) {
-    const __m512 x0 = _mm512_set1_ps(x[d]), x1 = _mm512_set1_ps(x[d + 1]);
-    const float *m0 = mt + d * Tp, *m1 = m0 + Tp;
+inline void row_times2(const float* xa, const float* xb, const float* mt, int64_t D, int64_t Tp, __m512* oa,
+                       __m512* ob) {
+  __m512 a[NV], b[NV];
+  for (int v = 0; v < NV; ++v) a[v] = b[v] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < D; ++d) {
+    const __m512 xad = _mm512_set1_ps(xa[d]), xbd = _mm512_set1_ps(xb[d]);
+    const float* m = mt + d * Tp;
     for (int v = 0; v < NV; ++v) {
-      a0[v] = _mm512_fmadd_ps(x0, _mm512_loadu_ps(m0 + v * kL), a0[v]);
-      a1[v] = _mm512_fmadd_ps(x1, _mm512_loadu_ps(m1 + v * kL), a1[v]);
+      const __m512 mv = _mm512_loadu_ps(m + v * kL);
+      a[v] = _mm512_fmadd_ps(xad, mv, a[v]);
+      b[v] = _mm512_fmadd_ps(xbd, mv, b[v]);
     }
   }
-  for (int v = 0; v < NV; ++v) out[v] = _mm512_add_ps(a0[v], a1[v]);
+  for (int v = 0; v < NV; ++v) oa[v] = a[v], ob[v] = b[v];
 }
 
-inline void row_times_n(int nv, const float* x, const float* mt, int64_t D, int64_t Tp, __m512* out) {
+inline void row_times2(int nv, const float* xa, const float* xb, const float* mt, int64_t D, int64_t Tp, __m512* oa,
+                       __m512* ob) {
   switch (nv) {
-    case 1: return row_times<1>(x, mt, D, Tp, out);
-    case 2: return row_times<2>(x, mt, D, Tp, out);
-    case 3: return row_times<3>(x, mt, D, Tp, out);
-    case 4: return row_times<4>(x, mt, D, Tp, out);
-    case 5: return row_times<5>(x, mt, D, Tp, out);
-    case 6: return row_times<6>(x, mt, D, Tp, out);
-    case 7: return row_times<7>(x, mt, D, Tp, out);
-    default: return row_times<8>(x, mt, D, Tp, out);
+    case 1: return row_times2<1>(xa, xb, mt, D, Tp, oa, ob);
+    case 2: return row_times2<2>(xa, xb, mt, D, Tp, oa, ob);
+    case 3: return row_times2<3>(xa, xb, mt, D, Tp, oa, ob);
+    case 4: return row_times2<4>(xa, xb, mt, D, Tp, oa, ob);
+    case 5: return row_times2<5>(xa, xb, mt, D, Tp, oa, ob);
+    case 6: return row_times2<6>(xa, xb, mt, D, Tp, oa, ob);
+    case 7: return row_times2<7>(xa, xb, mt, D, Tp, oa, ob);
+    default: return row_times2<8>(xa, xb, mt, D, Tp, oa, ob);
   }
 }
 
-// acc[0, 16·DV) = Σ_{j<n} w[j] · M[j, ·] (M row-major (n, 16·DV)): even and odd j in two chains
+// acc_r[0, 16·DV) = Σ_{j<n} w_r[j] · M[j, ·] for the weight rows w_a, w_b (M row-major (n, 16·DV))
 template <int DV>
-inline void weighted_rows(const float* w, const float* m, int64_t n, float* acc) {
+inline void weighted_rows2(const float* wa, const float* wb, const float* m, int64_t n, float* acc_a, float* acc_b) {
   constexpr int64_t D = DV * kL;
-  __m512 a0[DV], a1[DV];
-  for (int u = 0; u < DV; ++u) a0[u] = a1[u] = _mm512_setzero_ps();
-  int64_t j = 0;
-  for (; j + 1 < n; j += 2) {
-    const __m512 w0 = _mm512_set1_ps(w[j]), w1 = _mm512_set1_ps(w[j + 1]);
+  __m512 a[DV], b[DV];
+  for (int u = 0; u < DV; ++u) a[u] = b[u] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < n; ++j) {
+    const __m512 waj = _mm512_set1_ps(wa[j]), wbj = _mm512_set1_ps(wb[j]);
     for (int u = 0; u < DV; ++u) {
-      a0[u] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(m + j * D + u * kL), a0[u]);
-      a1[u] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(m + (j + 1) * D + u * kL), a1[u]);
+      const __m512 mv = _mm512_loadu_ps(m + j * D + u * kL);
+      a[u] = _mm512_fmadd_ps(waj, mv, a[u]);
+      b[u] = _mm512_fmadd_ps(wbj, mv, b[u]);
     }
   }
-  if (j < n)
-    for (int u = 0; u < DV; ++u) a0[u] = _mm512_fmadd_ps(_mm512_set1_ps(w[j]), _mm512_loadu_ps(m + j * D + u * kL), a0[u]);
-  for (int u = 0; u < DV; ++u) _mm512_storeu_ps(acc + u * kL, _mm512_add_ps(a0[u], a1[u]));
+  for (int u = 0; u < DV; ++u) _mm512_storeu_ps(acc_a + u * kL, a[u]), _mm512_storeu_ps(acc_b + u * kL, b[u]);
 }
 
-inline void weighted_rows(const float* w, const float* m, int64_t n, int64_t D, float* acc) {
-  switch (D / kL) {
-    case 1: return weighted_rows<1>(w, m, n, acc);
-    case 2: return weighted_rows<2>(w, m, n, acc);
-    case 3: return weighted_rows<3>(w, m, n, acc);
-    case 4: return weighted_rows<4>(w, m, n, acc);
-    case 5: return weighted_rows<5>(w, m, n, acc);
-    case 6: return weighted_rows<6>(w, m, n, acc);
-    case 7: return weighted_rows<7>(w, m, n, acc);
-    default: return weighted_rows<8>(w, m, n, acc);
-  }
-}
-
-// M[j, ·] += w[j] · x for j < n (M row-major (n, 16·DV)); x stays in registers
+// M[j, ·] += w_a[j] · x_a + w_b[j] · x_b for j < n (M row-major (n, 16·DV)); x_a, x_b in registers
 template <int DV>
-inline void add_outer(float* m, const float* w, const float* x, int64_t n) {
+inline void add_outer2(float* m, const float* wa, const float* wb, const float* xa, const float* xb, int64_t n) {
   constexpr int64_t D = DV * kL;
-  __m512 xs[DV];
-  for (int u = 0; u < DV; ++u) xs[u] = _mm512_loadu_ps(x + u * kL);
+  __m512 ya[DV], yb[DV];
+  for (int u = 0; u < DV; ++u) ya[u] = _mm512_loadu_ps(xa + u * kL), yb[u] = _mm512_loadu_ps(xb + u * kL);
   for (int64_t j = 0; j < n; ++j) {
-    const __m512 wj = _mm512_set1_ps(w[j]);
+    const __m512 waj = _mm512_set1_ps(wa[j]), wbj = _mm512_set1_ps(wb[j]);
     float* r = m + j * D;
-    for (int u = 0; u < DV; ++u) _mm512_storeu_ps(r + u * kL, _mm512_fmadd_ps(wj, xs[u], _mm512_loadu_ps(r + u * kL)));
+    for (int u = 0; u < DV; ++u)
+      _mm512_storeu_ps(r + u * kL, _mm512_fmadd_ps(wbj, yb[u], _mm512_fmadd_ps(waj, ya[u], _mm512_loadu_ps(r + u * kL))));
   }
 }
 
-inline void add_outer(float* m, const float* w, const float* x, int64_t n, int64_t D) {
-  switch (D / kL) {
-    case 1: return add_outer<1>(m, w, x, n);
-    case 2: return add_outer<2>(m, w, x, n);
-    case 3: return add_outer<3>(m, w, x, n);
-    case 4: return add_outer<4>(m, w, x, n);
-    case 5: return add_outer<5>(m, w, x, n);
-    case 6: return add_outer<6>(m, w, x, n);
-    case 7: return add_outer<7>(m, w, x, n);
-    default: return add_outer<8>(m, w, x, n);
+#define ATTNLAB_BY_DV(F, ...)                            \
+  switch (D / kL) {                                      \
+    case 1: F<1>(__VA_ARGS__); break;                    \
+    case 2: F<2>(__VA_ARGS__); break;                    \
+    case 3: F<3>(__VA_ARGS__); break;                    \
+    case 4: F<4>(__VA_ARGS__); break;                    \
+    case 5: F<5>(__VA_ARGS__); break;                    \
+    case 6: F<6>(__VA_ARGS__); break;                    \
+    case 7: F<7>(__VA_ARGS__); break;                    \
+    default: F<8>(__VA_ARGS__); break;                   \
   }
+
+inline void weighted_rows2(const float* wa, const float* wb, const float* m, int64_t n, int64_t D, float* acc_a,
+                           float* acc_b) {
+  ATTNLAB_BY_DV(weighted_rows2, wa, wb, m, n, acc_a, acc_b)
+}
+
+inline void add_outer2(float* m, const float* wa, const float* wb, const float* xa, const float* xb, int64_t n,
+                       int64_t D) {
+  ATTNLAB_BY_DV(add_outer2, m, wa, wb, xa, xb, n)
 }
 
 // One head's matrices in fp32: a row-major copy and a transposed, zero-padded (D, Tp) copy.
@@ -176,17 +179,14 @@ struct Head {
   }
 };
 
-// The scores of query row i (keys j < 16·nv; lanes j > i masked out): scale · q_i · Kᵀ
-inline int scores(const float* q, const float* kt, int64_t i, int64_t D, int64_t Tp, float scale, __m512* s) {
-  const int nv = static_cast<int>(i / kL + 1);
-  row_times_n(nv, q, kt, D, Tp, s);
-  for (int v = 0; v < nv; ++v) s[v] = _mm512_mul_ps(s[v], _mm512_set1_ps(scale));
-  return nv;
+// The keys query row i sees in vector u of its scores (keys 16u .. 16u + 15): j ≤ i
+inline __mmask16 visible(int64_t i, int u) {
+  const int64_t n = i + 1 - u * kL;
+  return n >= kL ? (__mmask16)0xFFFF : n <= 0 ? (__mmask16)0 : static_cast<__mmask16>((1u << n) - 1);
 }
 
-inline __mmask16 causal_lanes(int64_t i) {  // the last vector's keys j ≤ i
-  return static_cast<__mmask16>((1u << (i % kL + 1)) - 1);
-}
+// The vectors of scores a block of rows a, b = a + 1 needs (b's: keys 0 .. b)
+inline int vectors_for(int64_t b) { return static_cast<int>(b / kL + 1); }
 
 void check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   for (const at::Tensor* x : {&q, &k, &v}) {
@@ -211,35 +211,45 @@ std::vector<at::Tensor> short_attention_forward(const at::Tensor& q, const at::T
   float* lp = lse.data_ptr<float>();
   const int64_t esize = o.element_size();
   at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
-    Head head(T, D);
+    const Head head(T, D);
     const int64_t Tp = head.Tp;
-    std::vector<float> buf(T * D * 3 + D * Tp + Tp + D);
-    float *qs = buf.data(), *ks = qs + T * D, *vs = ks + T * D, *kt = vs + T * D, *p = kt + D * Tp, *orow = p + Tp;
-    __m512 s[kMaxV];
+    std::vector<float> buf(T * D * 3 + D * Tp + 2 * Tp + 2 * D);
+    float *qs = buf.data(), *ks = qs + T * D, *vs = ks + T * D, *kt = vs + T * D, *p = kt + D * Tp,
+          *orow = p + 2 * Tp;
+    __m512 s[2][kMaxV];
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / H, h = bh % H;
       head.load(qs, nullptr, Q, b, h);
       head.load(ks, kt, K, b, h);
       head.load(vs, nullptr, V, b, h);
-      for (int64_t i = 0; i < T; ++i) {
-        const int nv = scores(qs + i * D, kt, i, D, Tp, scale, s);
-        const __mmask16 last = causal_lanes(i);
-        s[nv - 1] = _mm512_mask_blend_ps(last, _mm512_set1_ps(-__builtin_inff()), s[nv - 1]);
-        __m512 mx = s[0];
-        for (int u = 1; u < nv; ++u) mx = _mm512_max_ps(mx, s[u]);
-        const float m = _mm512_reduce_max_ps(mx);
-        __m512 sum = _mm512_setzero_ps();
-        for (int u = 0; u < nv; ++u) {
-          const __m512 e = exp16(_mm512_sub_ps(s[u], _mm512_set1_ps(m)));  // masked lanes: e^−∞ = 0
-          _mm512_storeu_ps(p + u * kL, e);
-          sum = _mm512_add_ps(sum, e);
+      for (int64_t i = 0; i < T; i += 2) {
+        const int64_t ib = std::min(i + 1, T - 1);  // row b (= row a again at an odd T's end)
+        const int nv = vectors_for(ib);
+        row_times2(nv, qs + i * D, qs + ib * D, kt, D, Tp, s[0], s[1]);
+        for (int r = 0; r < 2; ++r) {
+          const int64_t row = i + r;
+          __m512 mx = _mm512_set1_ps(-__builtin_inff());
+          for (int u = 0; u < nv; ++u) {
+            s[r][u] = _mm512_mask_blend_ps(visible(row, u), _mm512_set1_ps(-__builtin_inff()),
+                                           _mm512_mul_ps(s[r][u], _mm512_set1_ps(scale)));
+            mx = _mm512_max_ps(mx, s[r][u]);
+          }
+          const float m = _mm512_reduce_max_ps(mx);  // key 0 is always visible: finite for finite inputs
+          __m512 sum = _mm512_setzero_ps();
+          float* pr = p + r * Tp;
+          for (int u = 0; u < nv; ++u) {
+            const __m512 e = exp16(_mm512_sub_ps(s[r][u], _mm512_set1_ps(m)));  // hidden keys: e^−∞ = 0
+            _mm512_storeu_ps(pr + u * kL, e);
+            sum = _mm512_add_ps(sum, e);
+          }
+          const float l = _mm512_reduce_add_ps(sum);
+          const __m512 inv = _mm512_set1_ps(1.0f / l);
+          for (int u = 0; u < nv; ++u) _mm512_storeu_ps(pr + u * kL, _mm512_mul_ps(_mm512_loadu_ps(pr + u * kL), inv));
+          if (row < T) lp[bh * T + row] = m + std::log(l);
         }
-        const float l = _mm512_reduce_add_ps(sum);
-        const __m512 inv = _mm512_set1_ps(1.0f / l);
-        for (int u = 0; u < nv; ++u) _mm512_storeu_ps(p + u * kL, _mm512_mul_ps(_mm512_loadu_ps(p + u * kL), inv));
-        lp[bh * T + i] = m + std::log(l);
-        weighted_rows(p, vs, i + 1, D, orow);
+        weighted_rows2(p, p + Tp, vs, ib + 1, D, orow, orow + D);
         store_row(op + ((b * T + i) * H + h) * D * esize, orow, Q.bf16, D);
+        if (i + 1 < T) store_row(op + ((b * T + i + 1) * H + h) * D * esize, orow + D, Q.bf16, D);
       }
     }
   });
@@ -264,13 +274,13 @@ std::vector<at::Tensor> short_attention_backward(const at::Tensor& q, const at::
   const float* lp = lse.data_ptr<float>();
   const int64_t esize = gq.element_size();
   at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
-    Head head(T, D);
+    const Head head(T, D);
     const int64_t Tp = head.Tp;
-    std::vector<float> buf(T * D * 7 + 2 * D * Tp + 2 * Tp + D + T);
+    std::vector<float> buf(T * D * 7 + 2 * D * Tp + 4 * Tp + 2 * D + T);
     float *qs = buf.data(), *ks = qs + T * D, *vs = ks + T * D, *gos = vs + T * D, *dk = gos + T * D,
           *dv = dk + T * D, *os = dv + T * D, *kt = os + T * D, *vt = kt + D * Tp, *p = vt + D * Tp,
-          *ds = p + Tp, *dq = ds + Tp, *di = dq + D;
-    __m512 s[kMaxV], dp[kMaxV];
+          *ds = p + 2 * Tp, *dq = ds + 2 * Tp, *di = dq + 2 * D;
+    __m512 s[2][kMaxV], dp[2][kMaxV];
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / H, h = bh % H;
       head.load(qs, nullptr, Q, b, h);
@@ -286,22 +296,34 @@ std::vector<at::Tensor> short_attention_backward(const at::Tensor& q, const at::
       }
       std::fill(dk, dk + T * D, 0.0f);
       std::fill(dv, dv + T * D, 0.0f);
-      for (int64_t i = 0; i < T; ++i) {
-        const int nv = scores(qs + i * D, kt, i, D, Tp, scale, s);
-        row_times_n(nv, gos + i * D, vt, D, Tp, dp);
-        const __mmask16 last = causal_lanes(i);
-        const __m512 l = _mm512_set1_ps(lp[bh * T + i]), d_i = _mm512_set1_ps(di[i]);
-        for (int u = 0; u < nv; ++u) {
-          __m512 e = exp16(_mm512_sub_ps(s[u], l));
-          if (u == nv - 1) e = _mm512_maskz_mov_ps(last, e);
-          _mm512_storeu_ps(p + u * kL, e);
-          _mm512_storeu_ps(ds + u * kL, _mm512_mul_ps(_mm512_mul_ps(e, _mm512_sub_ps(dp[u], d_i)),
-                                                      _mm512_set1_ps(scale)));
+      for (int64_t i = 0; i < T; i += 2) {
+        const int64_t ib = std::min(i + 1, T - 1);
+        const int nv = vectors_for(ib);
+        row_times2(nv, qs + i * D, qs + ib * D, kt, D, Tp, s[0], s[1]);
+        row_times2(nv, gos + i * D, gos + ib * D, vt, D, Tp, dp[0], dp[1]);
+        for (int r = 0; r < 2; ++r) {
+          const int64_t row = i + r;
+          float *pr = p + r * Tp, *dsr = ds + r * Tp;
+          if (row >= T) {  // the repeated row: zero weights, nothing added
+            std::fill(pr, pr + nv * kL, 0.0f);
+            std::fill(dsr, dsr + nv * kL, 0.0f);
+            continue;
+          }
+          const __m512 l = _mm512_set1_ps(lp[bh * T + row]), d_r = _mm512_set1_ps(di[row]);
+          for (int u = 0; u < nv; ++u) {
+            const __m512 e = _mm512_maskz_mov_ps(visible(row, u),
+                                                 exp16(_mm512_sub_ps(_mm512_mul_ps(s[r][u], _mm512_set1_ps(scale)), l)));
+            _mm512_storeu_ps(pr + u * kL, e);
+            _mm512_storeu_ps(dsr + u * kL, _mm512_mul_ps(_mm512_mul_ps(e, _mm512_sub_ps(dp[r][u], d_r)),
+                                                         _mm512_set1_ps(scale)));
+          }
         }
-        weighted_rows(ds, ks, i + 1, D, dq);                      // dq_i = scale Σ_j ds_ij k_j
+        const int64_t n = ib + 1;
+        weighted_rows2(ds, ds + Tp, ks, n, D, dq, dq + D);                         // dq_i = scale Σ_j ds_ij k_j
         store_row(gqp + ((b * T + i) * H + h) * D * esize, dq, Q.bf16, D);
-        add_outer(dv, p, gos + i * D, i + 1, D);                  // dv_j += p_ij do_i
-        add_outer(dk, ds, qs + i * D, i + 1, D);                  // dk_j += scale ds_ij q_i
+        if (i + 1 < T) store_row(gqp + ((b * T + i + 1) * H + h) * D * esize, dq + D, Q.bf16, D);
+        add_outer2(dv, p, p + Tp, gos + i * D, gos + ib * D, n, D);                // dv_j += p_ij do_i
+        add_outer2(dk, ds, ds + Tp, qs + i * D, qs + ib * D, n, D);                // dk_j += scale ds_ij q_i
       }
       for (int64_t j = 0; j < T; ++j) {
         store_row(gkp + ((b * T + j) * H + h) * D * esize, dk + j * D, Q.bf16, D);
