@@ -1,5 +1,5 @@
 """The short causal attention of training (nn/short_attention.py): equal to SDPA in float64 (values
-and every gradient; fp32 to 1e-5), bf16 exactly the fp32 kernel rounded once, used by attention only
+and every gradient; fp32 to 1e-5; grouped-query heads too), bf16 exactly the fp32 kernel rounded once, used by attention only
 where it applies, and a missing extension named."""
 from __future__ import annotations
 
@@ -16,13 +16,14 @@ CPP = quant_kernel.kernel() == "cpp"
 needs_cpp = pytest.mark.skipif(not CPP, reason="the C++ extension does not build here")
 
 
-def _inputs(b, h, t, dh, dtype, seed=0, contiguous=False):
+def _inputs(b, h, t, dh, dtype, seed=0, contiguous=False, kv_heads=None):
     g = torch.Generator().manual_seed(seed)
+    heads = [h, kv_heads or h, kv_heads or h]
     if contiguous:
-        return [torch.randn(b, h, t, dh, generator=g).to(dtype).requires_grad_() for _ in range(3)]
-    # (B, T, H, Dh) viewed as (B, H, T, Dh): the layout a projection's output gives
-    return [torch.randn(b, t, h, dh, generator=g).to(dtype).transpose(1, 2).detach().requires_grad_()
-            for _ in range(3)]
+        return [torch.randn(b, n, t, dh, generator=g).to(dtype).requires_grad_() for n in heads]
+    # (B, T, heads, Dh) viewed as (B, heads, T, Dh): the layout a projection's output gives
+    return [torch.randn(b, t, n, dh, generator=g).to(dtype).transpose(1, 2).detach().requires_grad_()
+            for n in heads]
 
 
 def _grads(fn, xs, g_o):
@@ -32,16 +33,19 @@ def _grads(fn, xs, g_o):
 
 
 @needs_cpp
-@pytest.mark.parametrize("b,h,t,dh", [(2, 3, 64, 32), (1, 2, 5, 16), (2, 2, 128, 64), (1, 1, 17, 128),
-                                      (3, 4, 33, 32), (1, 1, 1, 16)])
+@pytest.mark.parametrize("b,h,t,dh,kv_heads", [(2, 3, 64, 32, 3), (1, 2, 5, 16, 2), (2, 2, 128, 64, 2),
+                                               (1, 1, 17, 128, 1), (3, 4, 33, 32, 4), (1, 1, 1, 16, 1),
+                                               (2, 4, 64, 32, 2), (1, 6, 19, 16, 1)])
 @pytest.mark.parametrize("contiguous", [False, True])
-def test_fp32_equals_sdpa_in_float64(b, h, t, dh, contiguous):
-    xs = _inputs(b, h, t, dh, torch.float32, seed=t, contiguous=contiguous)
+def test_fp32_equals_sdpa_in_float64(b, h, t, dh, kv_heads, contiguous):
+    xs = _inputs(b, h, t, dh, torch.float32, seed=t, contiguous=contiguous, kv_heads=kv_heads)
     ref = [x.detach().double().requires_grad_() for x in xs]
     g_o = torch.randn(b, h, t, dh, generator=torch.Generator().manual_seed(1))
     ours = _grads(short_attention.causal_attention, xs, g_o)
-    want = _grads(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), ref, g_o)
+    want = _grads(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv_heads < h),
+                  ref, g_o)
     assert ours[0].dtype == torch.float32 and ours[0].shape == (b, h, t, dh)
+    assert ours[2].shape == ours[3].shape == (b, kv_heads, t, dh)
     for got, exp in zip(ours, want):
         torch.testing.assert_close(got.double(), exp, atol=1e-5, rtol=1e-5)
 
@@ -89,21 +93,19 @@ def test_attention_uses_it_in_training_only(monkeypatch):
 
 
 @needs_cpp
-@pytest.mark.parametrize("case", ["dropout", "gqa", "long", "odd_head_dim", "mask"])
+@pytest.mark.parametrize("case", ["dropout", "no_grad", "long", "odd_head_dim", "mask"])
 def test_sdpa_where_it_does_not_apply(case, monkeypatch):
     calls = []
     monkeypatch.setattr(short_attention, "causal_attention", lambda *a: calls.append(1))
-    t, dh, kv_heads, dropout = 16, 16, 4, 0.0
+    t, dh, dropout = 16, 16, 0.0
     if case == "long":
         t = short_attention.MAX_LENGTH + 1
     if case == "odd_head_dim":
         dh = 8
-    if case == "gqa":
-        kv_heads = 2
     if case == "dropout":
         dropout = 0.1
-    q = torch.randn(1, 4, t, dh, requires_grad=True)
-    k, v = torch.randn(1, kv_heads, t, dh), torch.randn(1, kv_heads, t, dh)
+    q = torch.randn(1, 4, t, dh, requires_grad=case != "no_grad")
+    k, v = torch.randn(1, 2, t, dh), torch.randn(1, 2, t, dh)
     if case == "mask":
         scaled_dot_product_attention(q, k, v, mask=torch.ones(t, t, dtype=torch.bool).tril())
     else:

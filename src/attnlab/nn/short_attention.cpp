@@ -4,14 +4,16 @@
 // neither casts q, k, v to fp32 around a fused kernel nor makes the many small batched products,
 // softmax and their backward operators of the explicit form.
 //
-// Shapes: q, k, v (B, H, T, Dh) with any strides but a contiguous last dimension; Dh a multiple of
-// 16, at most 128. With s_ij = scale · q_i · k_j (j ≤ i), ℓ_i = log Σ_{j≤i} e^{s_ij}, p_ij = e^{s_ij − ℓ_i}:
+// Shapes: q (B, H, T, Dh), k, v (B, K, T, Dh), K dividing H (query head h reads key/value head
+// h / (H / K): grouped-query attention), any strides but a contiguous last dimension; Dh a multiple
+// of 16, at most 128. With s_ij = scale · q_i · k_j (j ≤ i), ℓ_i = log Σ_{j≤i} e^{s_ij}, p_ij = e^{s_ij − ℓ_i}:
 //   forward    o_i = Σ_{j≤i} p_ij v_j                  o (B, T, H, Dh) in q's dtype; ℓ (B, H, T) fp32
 //   backward   D_i = do_i · o_i,  dp_ij = do_i · v_j,  ds_ij = p_ij (dp_ij − D_i)
 //              dq_i = scale Σ_j ds_ij k_j,  dk_j = scale Σ_i ds_ij q_i,  dv_j = Σ_i p_ij do_i
 // The backward pass recomputes p from ℓ (FlashAttention's way: no T × T tensor is kept). Rows of
 // scores are computed 16 keys to a vector from Kᵀ (no horizontal sums); bf16 is read by widening and
-// written rounded to nearest even (as c10::BFloat16). Threads: at::parallel_for over the B · H heads.
+// written rounded to nearest even (as c10::BFloat16). Threads: at::parallel_for over the B · H query
+// heads (forward) and the B · K key/value heads (backward: a head's dk, dv sum over its H / K queries).
 // Source: Vaswani et al. 2017, §3.2.1 (equation 1); Dao et al. 2022, "FlashAttention", §3.1 and
 // Algorithm 2 (the backward pass from the saved log-sum-exp).
 #include <ATen/ATen.h>
@@ -190,10 +192,13 @@ inline int vectors_for(int64_t b) { return static_cast<int>(b / kL + 1); }
 
 void check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   for (const at::Tensor* x : {&q, &k, &v}) {
-    TORCH_CHECK(x->device().is_cpu() && x->dim() == 4 && x->sizes() == q.sizes() && x->scalar_type() == q.scalar_type(),
-                "short attention: q, k, v must be CPU (B, H, T, Dh) tensors of one shape and dtype");
+    TORCH_CHECK(x->device().is_cpu() && x->dim() == 4 && x->scalar_type() == q.scalar_type(),
+                "short attention: q, k, v must be CPU (B, heads, T, Dh) tensors of one dtype");
     TORCH_CHECK(x->stride(3) == 1, "short attention: the last dimension must be contiguous");
   }
+  TORCH_CHECK(k.sizes() == v.sizes() && k.size(0) == q.size(0) && k.size(2) == q.size(2) && k.size(3) == q.size(3) &&
+              k.size(1) >= 1 && q.size(1) % k.size(1) == 0,
+              "short attention: k, v (B, K, T, Dh) with K dividing q's H heads");
   TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16, "short attention: fp32 or bf16");
   TORCH_CHECK(q.size(2) >= 1 && q.size(2) <= kMaxT, "short attention: 1 <= T <= ", kMaxT);
   TORCH_CHECK(q.size(3) % kL == 0 && q.size(3) <= kMaxD, "short attention: Dh a multiple of 16, at most ", kMaxD);
@@ -202,7 +207,7 @@ void check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
 std::vector<at::Tensor> short_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                 double scale_) {
   check(q, k, v);
-  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3);
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), G = H / k.size(1);
   const float scale = static_cast<float>(scale_);
   at::Tensor o = at::empty({B, T, H, D}, q.options());
   at::Tensor lse = at::empty({B, H, T}, q.options().dtype(at::kFloat));
@@ -220,8 +225,8 @@ std::vector<at::Tensor> short_attention_forward(const at::Tensor& q, const at::T
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / H, h = bh % H;
       head.load(qs, nullptr, Q, b, h);
-      head.load(ks, kt, K, b, h);
-      head.load(vs, nullptr, V, b, h);
+      head.load(ks, kt, K, b, h / G);  // query head h reads key/value head h / G (grouped-query attention)
+      head.load(vs, nullptr, V, b, h / G);
       for (int64_t i = 0; i < T; i += 2) {
         const int64_t ib = std::min(i + 1, T - 1);  // row b (= row a again at an odd T's end)
         const int nv = vectors_for(ib);
@@ -265,15 +270,17 @@ std::vector<at::Tensor> short_attention_backward(const at::Tensor& q, const at::
                 "short attention: o and its gradient must be (B, H, T, Dh) like q, last dimension contiguous");
   TORCH_CHECK(lse.scalar_type() == at::kFloat && lse.is_contiguous() && lse.numel() == q.size(0) * q.size(1) * q.size(2),
               "short attention: lse must be contiguous (B, H, T) fp32");
-  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3);
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), KH = k.size(1), G = H / KH;
   const float scale = static_cast<float>(scale_);
-  at::Tensor gq = at::empty({B, T, H, D}, q.options()), gk = at::empty_like(gq), gv = at::empty_like(gq);
-  const Rows Q = rows(q), K = rows(k), V = rows(v), O = rows(o), G = rows(g_o);
+  at::Tensor gq = at::empty({B, T, H, D}, q.options()), gk = at::empty({B, T, KH, D}, q.options()),
+             gv = at::empty_like(gk);
+  const Rows Q = rows(q), K = rows(k), V = rows(v), O = rows(o), Gr = rows(g_o);
   char *gqp = static_cast<char*>(gq.data_ptr()), *gkp = static_cast<char*>(gk.data_ptr()),
        *gvp = static_cast<char*>(gv.data_ptr());
   const float* lp = lse.data_ptr<float>();
   const int64_t esize = gq.element_size();
-  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+  // One task per key/value head: its dk, dv sum over the G query heads that read it.
+  at::parallel_for(0, B * KH, 1, [&](int64_t begin, int64_t end) {
     const Head head(T, D);
     const int64_t Tp = head.Tp;
     std::vector<float> buf(T * D * 7 + 2 * D * Tp + 4 * Tp + 2 * D + T);
@@ -281,53 +288,56 @@ std::vector<at::Tensor> short_attention_backward(const at::Tensor& q, const at::
           *dv = dk + T * D, *os = dv + T * D, *kt = os + T * D, *vt = kt + D * Tp, *p = vt + D * Tp,
           *ds = p + 2 * Tp, *dq = ds + 2 * Tp, *di = dq + 2 * D;
     __m512 s[2][kMaxV], dp[2][kMaxV];
-    for (int64_t bh = begin; bh < end; ++bh) {
-      const int64_t b = bh / H, h = bh % H;
-      head.load(qs, nullptr, Q, b, h);
-      head.load(ks, kt, K, b, h);
-      head.load(vs, vt, V, b, h);
-      head.load(gos, nullptr, G, b, h);
-      head.load(os, nullptr, O, b, h);
-      for (int64_t i = 0; i < T; ++i) {  // D_i = do_i · o_i
-        __m512 acc = _mm512_setzero_ps();
-        for (int64_t d = 0; d < D; d += kL)
-          acc = _mm512_fmadd_ps(_mm512_loadu_ps(gos + i * D + d), _mm512_loadu_ps(os + i * D + d), acc);
-        di[i] = _mm512_reduce_add_ps(acc);
-      }
+    for (int64_t bk = begin; bk < end; ++bk) {
+      const int64_t b = bk / KH, kh = bk % KH;
+      head.load(ks, kt, K, b, kh);
+      head.load(vs, vt, V, b, kh);
       std::fill(dk, dk + T * D, 0.0f);
       std::fill(dv, dv + T * D, 0.0f);
-      for (int64_t i = 0; i < T; i += 2) {
-        const int64_t ib = std::min(i + 1, T - 1);
-        const int nv = vectors_for(ib);
-        row_times2(nv, qs + i * D, qs + ib * D, kt, D, Tp, s[0], s[1]);
-        row_times2(nv, gos + i * D, gos + ib * D, vt, D, Tp, dp[0], dp[1]);
-        for (int r = 0; r < 2; ++r) {
-          const int64_t row = i + r;
-          float *pr = p + r * Tp, *dsr = ds + r * Tp;
-          if (row >= T) {  // the repeated row: zero weights, nothing added
-            std::fill(pr, pr + nv * kL, 0.0f);
-            std::fill(dsr, dsr + nv * kL, 0.0f);
-            continue;
-          }
-          const __m512 l = _mm512_set1_ps(lp[bh * T + row]), d_r = _mm512_set1_ps(di[row]);
-          for (int u = 0; u < nv; ++u) {
-            const __m512 e = _mm512_maskz_mov_ps(visible(row, u),
-                                                 exp16(_mm512_sub_ps(_mm512_mul_ps(s[r][u], _mm512_set1_ps(scale)), l)));
-            _mm512_storeu_ps(pr + u * kL, e);
-            _mm512_storeu_ps(dsr + u * kL, _mm512_mul_ps(_mm512_mul_ps(e, _mm512_sub_ps(dp[r][u], d_r)),
-                                                         _mm512_set1_ps(scale)));
-          }
+      for (int64_t h = kh * G; h < (kh + 1) * G; ++h) {
+        const int64_t bh = b * H + h;
+        head.load(qs, nullptr, Q, b, h);
+        head.load(gos, nullptr, Gr, b, h);
+        head.load(os, nullptr, O, b, h);
+        for (int64_t i = 0; i < T; ++i) {  // D_i = do_i · o_i
+          __m512 acc = _mm512_setzero_ps();
+          for (int64_t d = 0; d < D; d += kL)
+            acc = _mm512_fmadd_ps(_mm512_loadu_ps(gos + i * D + d), _mm512_loadu_ps(os + i * D + d), acc);
+          di[i] = _mm512_reduce_add_ps(acc);
         }
-        const int64_t n = ib + 1;
-        weighted_rows2(ds, ds + Tp, ks, n, D, dq, dq + D);                         // dq_i = scale Σ_j ds_ij k_j
-        store_row(gqp + ((b * T + i) * H + h) * D * esize, dq, Q.bf16, D);
-        if (i + 1 < T) store_row(gqp + ((b * T + i + 1) * H + h) * D * esize, dq + D, Q.bf16, D);
-        add_outer2(dv, p, p + Tp, gos + i * D, gos + ib * D, n, D);                // dv_j += p_ij do_i
-        add_outer2(dk, ds, ds + Tp, qs + i * D, qs + ib * D, n, D);                // dk_j += scale ds_ij q_i
+        for (int64_t i = 0; i < T; i += 2) {
+          const int64_t ib = std::min(i + 1, T - 1);
+          const int nv = vectors_for(ib);
+          row_times2(nv, qs + i * D, qs + ib * D, kt, D, Tp, s[0], s[1]);
+          row_times2(nv, gos + i * D, gos + ib * D, vt, D, Tp, dp[0], dp[1]);
+          for (int r = 0; r < 2; ++r) {
+            const int64_t row = i + r;
+            float *pr = p + r * Tp, *dsr = ds + r * Tp;
+            if (row >= T) {  // the repeated row: zero weights, nothing added
+              std::fill(pr, pr + nv * kL, 0.0f);
+              std::fill(dsr, dsr + nv * kL, 0.0f);
+              continue;
+            }
+            const __m512 l = _mm512_set1_ps(lp[bh * T + row]), d_r = _mm512_set1_ps(di[row]);
+            for (int u = 0; u < nv; ++u) {
+              const __m512 e = _mm512_maskz_mov_ps(
+                  visible(row, u), exp16(_mm512_sub_ps(_mm512_mul_ps(s[r][u], _mm512_set1_ps(scale)), l)));
+              _mm512_storeu_ps(pr + u * kL, e);
+              _mm512_storeu_ps(dsr + u * kL, _mm512_mul_ps(_mm512_mul_ps(e, _mm512_sub_ps(dp[r][u], d_r)),
+                                                           _mm512_set1_ps(scale)));
+            }
+          }
+          const int64_t n = ib + 1;
+          weighted_rows2(ds, ds + Tp, ks, n, D, dq, dq + D);                         // dq_i = scale Σ_j ds_ij k_j
+          store_row(gqp + ((b * T + i) * H + h) * D * esize, dq, Q.bf16, D);
+          if (i + 1 < T) store_row(gqp + ((b * T + i + 1) * H + h) * D * esize, dq + D, Q.bf16, D);
+          add_outer2(dv, p, p + Tp, gos + i * D, gos + ib * D, n, D);                // dv_j += p_ij do_i
+          add_outer2(dk, ds, ds + Tp, qs + i * D, qs + ib * D, n, D);                // dk_j += scale ds_ij q_i
+        }
       }
       for (int64_t j = 0; j < T; ++j) {
-        store_row(gkp + ((b * T + j) * H + h) * D * esize, dk + j * D, Q.bf16, D);
-        store_row(gvp + ((b * T + j) * H + h) * D * esize, dv + j * D, Q.bf16, D);
+        store_row(gkp + ((b * T + j) * KH + kh) * D * esize, dk + j * D, Q.bf16, D);
+        store_row(gvp + ((b * T + j) * KH + kh) * D * esize, dv + j * D, Q.bf16, D);
       }
     }
   });

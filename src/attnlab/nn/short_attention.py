@@ -1,6 +1,7 @@
 """Causal self-attention of short sequences in training: one fused C++ kernel per direction.
 
-Shape legend: B batch, H heads, T length (≤ MAX_LENGTH), Dh head dim (a multiple of 16, ≤ MAX_HEAD_DIM).
+Shape legend: B batch, H query heads, K key/value heads (K divides H), T length (≤ MAX_LENGTH), Dh
+head dim (a multiple of 16, ≤ MAX_HEAD_DIM).
 
     o_i = Σ_{j≤i} softmax_j(scale · q_i · k_j) v_j        (scale = 1 / √Dh)
 
@@ -13,12 +14,12 @@ from the saved log-sum-exp, as FlashAttention does. Equal to F.scaled_dot_produc
 summation order (tests/nn/test_short_attention.py: values and gradients, fp32 and bf16).
 
 Used by nn/attention.py's scaled_dot_product_attention where `applies` says so: the plain causal mask
-(is_causal), no dropout, as many key/value heads as query heads, CPU fp32/bf16 inputs that autograd
+(is_causal), no dropout, key/value heads dividing the query heads (GQA), CPU fp32/bf16 inputs that autograd
 records (a training step; inference keeps SDPA and the decode kernels, whose bits it would otherwise
 change), the C++ extension built, not under torch.compile. bench/train_step.py times the step with it.
 
 Source: Vaswani et al. 2017, §3.2.1 (equation 1); Dao et al. 2022, "FlashAttention", §3.1 and
-Algorithm 2 (the backward pass from the saved log-sum-exp).
+Algorithm 2 (the backward pass from the saved log-sum-exp); Ainslie et al. 2023 (grouped-query).
 """
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ DTYPES = (torch.float32, torch.bfloat16)
 
 
 class _ShortCausalAttention(torch.autograd.Function):
-    """o = attention(q, k, v) by short_attention.cpp: q, k, v (B, H, T, Dh), one dtype, last dim contiguous."""
+    """o = attention(q, k, v) by short_attention.cpp: q (B, H, T, Dh), k, v (B, K, T, Dh), one dtype,
+    last dim contiguous."""
 
     @staticmethod
     def forward(ctx, q, k, v, scale):
@@ -61,7 +63,9 @@ def _last_contiguous(x: torch.Tensor) -> torch.Tensor:
 def applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float) -> bool:
     """Whether `causal_attention` runs these (B, H, T, Dh) inputs of plain causal self-attention (module doc)."""
     t, dh = q.shape[-2], q.shape[-1]
-    return (dropout == 0.0 and q.dim() == 4 and q.shape == k.shape == v.shape and 1 <= t <= MAX_LENGTH
+    return (dropout == 0.0 and q.dim() == 4 and k.shape == v.shape and k.dim() == 4
+            and (q.shape[0], q.shape[2], q.shape[3]) == (k.shape[0], k.shape[2], k.shape[3])
+            and q.shape[1] % k.shape[1] == 0 and 1 <= t <= MAX_LENGTH
             and dh % 16 == 0 and dh <= MAX_HEAD_DIM and q.device.type == "cpu"
             and all(x.dtype in DTYPES for x in (q, k, v))
             and torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
@@ -72,8 +76,9 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     """softmax(Q Kᵀ / √Dh + causal mask) V by the fused kernel (module doc; check `applies` first).
 
     Args:
-        q, k, v: (B, H, T, Dh), fp32 or bf16 (mixed: all computed as fp32), T ≤ MAX_LENGTH, Dh a
-            multiple of 16 up to MAX_HEAD_DIM.
+        q: (B, H, T, Dh). k, v: (B, K, T, Dh), K dividing H (grouped-query attention: query head h
+            uses key/value head h // (H / K)). fp32 or bf16 (mixed: all computed as fp32),
+            T ≤ MAX_LENGTH, Dh a multiple of 16 up to MAX_HEAD_DIM.
     Returns:
         (B, H, T, Dh) in the inputs' dtype (fp32 where they differ): a view of a (B, T, H, Dh) tensor.
     Raises:
