@@ -55,9 +55,12 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         (output (B, H, T, Dh), weights (B, H, T, S) or None).
     Source: Vaswani et al. 2017, §3.2.1, equation (1).
     """
+    if is_causal and mask is not None:
+        raise UserError("pass either a mask or is_causal=True, not both")
+    short = short_attention.plan(q, k, v, mask, dropout, is_causal) if impl == "sdpa" and not need_weights else None
+    if short is not None:  # training on short windows (nn/short_attention.py)
+        return short_attention.attention(q, k, v, *short), None
     if is_causal:
-        if mask is not None:
-            raise UserError("pass either a mask or is_causal=True, not both")
         if impl != "sdpa" or need_weights:
             mask = causal_mask(q.size(2), q.device)  # (1, 1, T, T) for the explicit path
     visible = None
@@ -68,8 +71,6 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         else:
             mask = mask | ~visible  # let empty rows attend everywhere, then zero them below
     groups = q.size(1) // k.size(1)
-    if impl == "sdpa" and not need_weights and is_causal and short_attention.applies(q, k, v, dropout):
-        return short_attention.causal_attention(q, k, v), None  # training on short windows (its module doc)
     if impl == "sdpa" and not need_weights:
         with _fp32_under_cpu_autocast(q) as cast:
             out = F.scaled_dot_product_attention(cast(q), cast(k), cast(v), attn_mask=mask, dropout_p=dropout,

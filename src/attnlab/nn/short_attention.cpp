@@ -168,7 +168,7 @@ inline void add_outer2(float* m, const float* wa, const float* wb, const float* 
   ATTNLAB_BY_DV(add_outer2, m, wa, wb, xa, xb, n)
 }
 
-// One head's matrices in fp32: a row-major copy and a transposed, zero-padded (D, Tp) copy.
+// One head's matrices in fp32: a row-major copy of T rows and a transposed, zero-padded (D, Tp) copy.
 struct Head {
   int64_t T, D, Tp;
   explicit Head(int64_t T_, int64_t D_) : T(T_), D(D_), Tp((T_ + kL - 1) / kL * kL) {}
@@ -181,67 +181,95 @@ struct Head {
   }
 };
 
-// The keys query row i sees in vector u of its scores (keys 16u .. 16u + 15): j ≤ i
-inline __mmask16 visible(int64_t i, int u) {
-  const int64_t n = i + 1 - u * kL;
-  return n >= kL ? (__mmask16)0xFFFF : n <= 0 ? (__mmask16)0 : static_cast<__mmask16>((1u << n) - 1);
+// Which keys a query row sees: the first `len` keys of its sequence, and with `causal` none after
+// its own position (keys 0 .. min(i + 1, len) − 1).
+struct Visible {
+  bool causal;
+  int64_t keys(int64_t i, int64_t len) const { return causal ? std::min(i + 1, len) : len; }
+};
+
+// The lanes of vector u (keys 16u .. 16u + 15) among a row's first n keys
+inline __mmask16 first_keys(int64_t n, int u) {
+  const int64_t m = n - u * kL;
+  return m >= kL ? (__mmask16)0xFFFF : m <= 0 ? (__mmask16)0 : static_cast<__mmask16>((1u << m) - 1);
 }
 
-// The vectors of scores a block of rows a, b = a + 1 needs (b's: keys 0 .. b)
-inline int vectors_for(int64_t b) { return static_cast<int>(b / kL + 1); }
+inline int vectors_for(int64_t n) { return static_cast<int>(std::max<int64_t>((n + kL - 1) / kL, 1)); }
 
-void check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+struct Lengths {  // each sequence's number of real keys (a right-padded batch), or all S
+  const int64_t* p;
+  int64_t all;
+  int64_t of(int64_t b) const { return p ? std::min(std::max<int64_t>(p[b], 0), all) : all; }
+};
+
+Lengths lengths(const c10::optional<at::Tensor>& key_len, int64_t B, int64_t S) {
+  if (!key_len.has_value()) return {nullptr, S};
+  TORCH_CHECK(key_len->scalar_type() == at::kLong && key_len->is_contiguous() && key_len->numel() == B,
+              "short attention: key_len must be a contiguous (B,) int64 tensor");
+  return {key_len->data_ptr<int64_t>(), S};
+}
+
+void check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal) {
   for (const at::Tensor* x : {&q, &k, &v}) {
     TORCH_CHECK(x->device().is_cpu() && x->dim() == 4 && x->scalar_type() == q.scalar_type(),
                 "short attention: q, k, v must be CPU (B, heads, T, Dh) tensors of one dtype");
     TORCH_CHECK(x->stride(3) == 1, "short attention: the last dimension must be contiguous");
   }
-  TORCH_CHECK(k.sizes() == v.sizes() && k.size(0) == q.size(0) && k.size(2) == q.size(2) && k.size(3) == q.size(3) &&
-              k.size(1) >= 1 && q.size(1) % k.size(1) == 0,
-              "short attention: k, v (B, K, T, Dh) with K dividing q's H heads");
+  TORCH_CHECK(k.sizes() == v.sizes() && k.size(0) == q.size(0) && k.size(3) == q.size(3) && k.size(1) >= 1 &&
+              q.size(1) % k.size(1) == 0, "short attention: k, v (B, K, S, Dh) with K dividing q's H heads");
+  TORCH_CHECK(!causal || k.size(2) == q.size(2), "short attention: causal attention needs as many keys as queries");
   TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16, "short attention: fp32 or bf16");
-  TORCH_CHECK(q.size(2) >= 1 && q.size(2) <= kMaxT, "short attention: 1 <= T <= ", kMaxT);
+  TORCH_CHECK(q.size(2) >= 1 && q.size(2) <= kMaxT && k.size(2) >= 1 && k.size(2) <= kMaxT,
+              "short attention: 1 <= T, S <= ", kMaxT);
   TORCH_CHECK(q.size(3) % kL == 0 && q.size(3) <= kMaxD, "short attention: Dh a multiple of 16, at most ", kMaxD);
 }
 
 std::vector<at::Tensor> short_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                                double scale_) {
-  check(q, k, v);
-  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), G = H / k.size(1);
+                                                const c10::optional<at::Tensor>& key_len, bool causal, double scale_) {
+  check(q, k, v, causal);
+  const int64_t B = q.size(0), H = q.size(1), Tq = q.size(2), Tk = k.size(2), D = q.size(3), G = H / k.size(1);
   const float scale = static_cast<float>(scale_);
-  at::Tensor o = at::empty({B, T, H, D}, q.options());
-  at::Tensor lse = at::empty({B, H, T}, q.options().dtype(at::kFloat));
+  const Lengths len = lengths(key_len, B, Tk);
+  const Visible vis{causal};
+  at::Tensor o = at::empty({B, Tq, H, D}, q.options());
+  at::Tensor lse = at::empty({B, H, Tq}, q.options().dtype(at::kFloat));
   const Rows Q = rows(q), K = rows(k), V = rows(v);
   char* op = static_cast<char*>(o.data_ptr());
   float* lp = lse.data_ptr<float>();
   const int64_t esize = o.element_size();
   at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
-    const Head head(T, D);
-    const int64_t Tp = head.Tp;
-    std::vector<float> buf(T * D * 3 + D * Tp + 2 * Tp + 2 * D);
-    float *qs = buf.data(), *ks = qs + T * D, *vs = ks + T * D, *kt = vs + T * D, *p = kt + D * Tp,
+    const Head qh(Tq, D), kh(Tk, D);
+    const int64_t Tp = kh.Tp;
+    std::vector<float> buf(Tq * D + 2 * Tk * D + D * Tp + 2 * Tp + 2 * D);
+    float *qs = buf.data(), *ks = qs + Tq * D, *vs = ks + Tk * D, *kt = vs + Tk * D, *p = kt + D * Tp,
           *orow = p + 2 * Tp;
     __m512 s[2][kMaxV];
     for (int64_t bh = begin; bh < end; ++bh) {
-      const int64_t b = bh / H, h = bh % H;
-      head.load(qs, nullptr, Q, b, h);
-      head.load(ks, kt, K, b, h / G);  // query head h reads key/value head h / G (grouped-query attention)
-      head.load(vs, nullptr, V, b, h / G);
-      for (int64_t i = 0; i < T; i += 2) {
-        const int64_t ib = std::min(i + 1, T - 1);  // row b (= row a again at an odd T's end)
-        const int nv = vectors_for(ib);
+      const int64_t b = bh / H, h = bh % H, lb = len.of(b);
+      qh.load(qs, nullptr, Q, b, h);
+      kh.load(ks, kt, K, b, h / G);  // query head h reads key/value head h / G (grouped-query attention)
+      kh.load(vs, nullptr, V, b, h / G);
+      for (int64_t i = 0; i < Tq; i += 2) {
+        const int64_t ib = std::min(i + 1, Tq - 1);  // row b (= row a again at an odd Tq's end)
+        const int64_t n = std::max(vis.keys(i, lb), vis.keys(ib, lb));
+        const int nv = vectors_for(n);
         row_times2(nv, qs + i * D, qs + ib * D, kt, D, Tp, s[0], s[1]);
         for (int r = 0; r < 2; ++r) {
-          const int64_t row = i + r;
+          const int64_t row = i + r, seen = vis.keys(row, lb);
+          float* pr = p + r * Tp;
+          if (seen == 0) {  // a query that sees no key: zeros (as nn/attention.py), ℓ = −∞
+            std::fill(pr, pr + nv * kL, 0.0f);
+            if (row < Tq) lp[bh * Tq + row] = -__builtin_inff();
+            continue;
+          }
           __m512 mx = _mm512_set1_ps(-__builtin_inff());
           for (int u = 0; u < nv; ++u) {
-            s[r][u] = _mm512_mask_blend_ps(visible(row, u), _mm512_set1_ps(-__builtin_inff()),
+            s[r][u] = _mm512_mask_blend_ps(first_keys(seen, u), _mm512_set1_ps(-__builtin_inff()),
                                            _mm512_mul_ps(s[r][u], _mm512_set1_ps(scale)));
             mx = _mm512_max_ps(mx, s[r][u]);
           }
-          const float m = _mm512_reduce_max_ps(mx);  // key 0 is always visible: finite for finite inputs
+          const float m = _mm512_reduce_max_ps(mx);
           __m512 sum = _mm512_setzero_ps();
-          float* pr = p + r * Tp;
           for (int u = 0; u < nv; ++u) {
             const __m512 e = exp16(_mm512_sub_ps(s[r][u], _mm512_set1_ps(m)));  // hidden keys: e^−∞ = 0
             _mm512_storeu_ps(pr + u * kL, e);
@@ -250,11 +278,11 @@ std::vector<at::Tensor> short_attention_forward(const at::Tensor& q, const at::T
           const float l = _mm512_reduce_add_ps(sum);
           const __m512 inv = _mm512_set1_ps(1.0f / l);
           for (int u = 0; u < nv; ++u) _mm512_storeu_ps(pr + u * kL, _mm512_mul_ps(_mm512_loadu_ps(pr + u * kL), inv));
-          if (row < T) lp[bh * T + row] = m + std::log(l);
+          if (row < Tq) lp[bh * Tq + row] = m + std::log(l);
         }
-        weighted_rows2(p, p + Tp, vs, ib + 1, D, orow, orow + D);
-        store_row(op + ((b * T + i) * H + h) * D * esize, orow, Q.bf16, D);
-        if (i + 1 < T) store_row(op + ((b * T + i + 1) * H + h) * D * esize, orow + D, Q.bf16, D);
+        weighted_rows2(p, p + Tp, vs, n, D, orow, orow + D);
+        store_row(op + ((b * Tq + i) * H + h) * D * esize, orow, Q.bf16, D);
+        if (i + 1 < Tq) store_row(op + ((b * Tq + i + 1) * H + h) * D * esize, orow + D, Q.bf16, D);
       }
     }
   });
@@ -262,17 +290,21 @@ std::vector<at::Tensor> short_attention_forward(const at::Tensor& q, const at::T
 }
 
 std::vector<at::Tensor> short_attention_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                 const c10::optional<at::Tensor>& key_len, bool causal,
                                                  const at::Tensor& o, const at::Tensor& g_o, const at::Tensor& lse,
                                                  double scale_) {
-  check(q, k, v);
+  check(q, k, v, causal);
   for (const at::Tensor* x : {&o, &g_o})
     TORCH_CHECK(x->sizes() == q.sizes() && x->scalar_type() == q.scalar_type() && x->stride(3) == 1,
                 "short attention: o and its gradient must be (B, H, T, Dh) like q, last dimension contiguous");
   TORCH_CHECK(lse.scalar_type() == at::kFloat && lse.is_contiguous() && lse.numel() == q.size(0) * q.size(1) * q.size(2),
               "short attention: lse must be contiguous (B, H, T) fp32");
-  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), KH = k.size(1), G = H / KH;
+  const int64_t B = q.size(0), H = q.size(1), Tq = q.size(2), Tk = k.size(2), D = q.size(3), KH = k.size(1),
+                G = H / KH;
   const float scale = static_cast<float>(scale_);
-  at::Tensor gq = at::empty({B, T, H, D}, q.options()), gk = at::empty({B, T, KH, D}, q.options()),
+  const Lengths len = lengths(key_len, B, Tk);
+  const Visible vis{causal};
+  at::Tensor gq = at::empty({B, Tq, H, D}, q.options()), gk = at::empty({B, Tk, KH, D}, q.options()),
              gv = at::empty_like(gk);
   const Rows Q = rows(q), K = rows(k), V = rows(v), O = rows(o), Gr = rows(g_o);
   char *gqp = static_cast<char*>(gq.data_ptr()), *gkp = static_cast<char*>(gk.data_ptr()),
@@ -281,63 +313,63 @@ std::vector<at::Tensor> short_attention_backward(const at::Tensor& q, const at::
   const int64_t esize = gq.element_size();
   // One task per key/value head: its dk, dv sum over the G query heads that read it.
   at::parallel_for(0, B * KH, 1, [&](int64_t begin, int64_t end) {
-    const Head head(T, D);
-    const int64_t Tp = head.Tp;
-    std::vector<float> buf(T * D * 7 + 2 * D * Tp + 4 * Tp + 2 * D + T);
-    float *qs = buf.data(), *ks = qs + T * D, *vs = ks + T * D, *gos = vs + T * D, *dk = gos + T * D,
-          *dv = dk + T * D, *os = dv + T * D, *kt = os + T * D, *vt = kt + D * Tp, *p = vt + D * Tp,
+    const Head qh(Tq, D), kh(Tk, D);
+    const int64_t Tp = kh.Tp;
+    std::vector<float> buf(3 * Tq * D + 4 * Tk * D + 2 * D * Tp + 4 * Tp + 2 * D + Tq);
+    float *qs = buf.data(), *gos = qs + Tq * D, *os = gos + Tq * D, *ks = os + Tq * D, *vs = ks + Tk * D,
+          *dk = vs + Tk * D, *dv = dk + Tk * D, *kt = dv + Tk * D, *vt = kt + D * Tp, *p = vt + D * Tp,
           *ds = p + 2 * Tp, *dq = ds + 2 * Tp, *di = dq + 2 * D;
     __m512 s[2][kMaxV], dp[2][kMaxV];
     for (int64_t bk = begin; bk < end; ++bk) {
-      const int64_t b = bk / KH, kh = bk % KH;
-      head.load(ks, kt, K, b, kh);
-      head.load(vs, vt, V, b, kh);
-      std::fill(dk, dk + T * D, 0.0f);
-      std::fill(dv, dv + T * D, 0.0f);
-      for (int64_t h = kh * G; h < (kh + 1) * G; ++h) {
+      const int64_t b = bk / KH, khead = bk % KH, lb = len.of(b);
+      kh.load(ks, kt, K, b, khead);
+      kh.load(vs, vt, V, b, khead);
+      std::fill(dk, dk + Tk * D, 0.0f);
+      std::fill(dv, dv + Tk * D, 0.0f);
+      for (int64_t h = khead * G; h < (khead + 1) * G; ++h) {
         const int64_t bh = b * H + h;
-        head.load(qs, nullptr, Q, b, h);
-        head.load(gos, nullptr, Gr, b, h);
-        head.load(os, nullptr, O, b, h);
-        for (int64_t i = 0; i < T; ++i) {  // D_i = do_i · o_i
+        qh.load(qs, nullptr, Q, b, h);
+        qh.load(gos, nullptr, Gr, b, h);
+        qh.load(os, nullptr, O, b, h);
+        for (int64_t i = 0; i < Tq; ++i) {  // D_i = do_i · o_i
           __m512 acc = _mm512_setzero_ps();
           for (int64_t d = 0; d < D; d += kL)
             acc = _mm512_fmadd_ps(_mm512_loadu_ps(gos + i * D + d), _mm512_loadu_ps(os + i * D + d), acc);
           di[i] = _mm512_reduce_add_ps(acc);
         }
-        for (int64_t i = 0; i < T; i += 2) {
-          const int64_t ib = std::min(i + 1, T - 1);
-          const int nv = vectors_for(ib);
+        for (int64_t i = 0; i < Tq; i += 2) {
+          const int64_t ib = std::min(i + 1, Tq - 1);
+          const int64_t n = std::max(vis.keys(i, lb), vis.keys(ib, lb));
+          const int nv = vectors_for(n);
           row_times2(nv, qs + i * D, qs + ib * D, kt, D, Tp, s[0], s[1]);
           row_times2(nv, gos + i * D, gos + ib * D, vt, D, Tp, dp[0], dp[1]);
           for (int r = 0; r < 2; ++r) {
-            const int64_t row = i + r;
+            const int64_t row = i + r, seen = row < Tq ? vis.keys(row, lb) : 0;
             float *pr = p + r * Tp, *dsr = ds + r * Tp;
-            if (row >= T) {  // the repeated row: zero weights, nothing added
+            if (seen == 0) {  // the repeated row, or a query that sees no key: zero weights, nothing added
               std::fill(pr, pr + nv * kL, 0.0f);
               std::fill(dsr, dsr + nv * kL, 0.0f);
               continue;
             }
-            const __m512 l = _mm512_set1_ps(lp[bh * T + row]), d_r = _mm512_set1_ps(di[row]);
+            const __m512 l = _mm512_set1_ps(lp[bh * Tq + row]), d_r = _mm512_set1_ps(di[row]);
             for (int u = 0; u < nv; ++u) {
               const __m512 e = _mm512_maskz_mov_ps(
-                  visible(row, u), exp16(_mm512_sub_ps(_mm512_mul_ps(s[r][u], _mm512_set1_ps(scale)), l)));
+                  first_keys(seen, u), exp16(_mm512_sub_ps(_mm512_mul_ps(s[r][u], _mm512_set1_ps(scale)), l)));
               _mm512_storeu_ps(pr + u * kL, e);
               _mm512_storeu_ps(dsr + u * kL, _mm512_mul_ps(_mm512_mul_ps(e, _mm512_sub_ps(dp[r][u], d_r)),
                                                            _mm512_set1_ps(scale)));
             }
           }
-          const int64_t n = ib + 1;
           weighted_rows2(ds, ds + Tp, ks, n, D, dq, dq + D);                         // dq_i = scale Σ_j ds_ij k_j
-          store_row(gqp + ((b * T + i) * H + h) * D * esize, dq, Q.bf16, D);
-          if (i + 1 < T) store_row(gqp + ((b * T + i + 1) * H + h) * D * esize, dq + D, Q.bf16, D);
+          store_row(gqp + ((b * Tq + i) * H + h) * D * esize, dq, Q.bf16, D);
+          if (i + 1 < Tq) store_row(gqp + ((b * Tq + i + 1) * H + h) * D * esize, dq + D, Q.bf16, D);
           add_outer2(dv, p, p + Tp, gos + i * D, gos + ib * D, n, D);                // dv_j += p_ij do_i
           add_outer2(dk, ds, ds + Tp, qs + i * D, qs + ib * D, n, D);                // dk_j += scale ds_ij q_i
         }
       }
-      for (int64_t j = 0; j < T; ++j) {
-        store_row(gkp + ((b * T + j) * KH + kh) * D * esize, dk + j * D, Q.bf16, D);
-        store_row(gvp + ((b * T + j) * KH + kh) * D * esize, dv + j * D, Q.bf16, D);
+      for (int64_t j = 0; j < Tk; ++j) {
+        store_row(gkp + ((b * Tk + j) * KH + khead) * D * esize, dk + j * D, Q.bf16, D);
+        store_row(gvp + ((b * Tk + j) * KH + khead) * D * esize, dv + j * D, Q.bf16, D);
       }
     }
   });
@@ -347,8 +379,9 @@ std::vector<at::Tensor> short_attention_backward(const at::Tensor& q, const at::
 }  // namespace
 
 TORCH_LIBRARY(attnlab_attention, lib) {
-  lib.def("short_attention_forward(Tensor q, Tensor k, Tensor v, float scale) -> Tensor[]");
-  lib.def("short_attention_backward(Tensor q, Tensor k, Tensor v, Tensor o, Tensor g_o, Tensor lse, float scale) -> Tensor[]");
+  lib.def("short_attention_forward(Tensor q, Tensor k, Tensor v, Tensor? key_len, bool causal, float scale) -> Tensor[]");
+  lib.def("short_attention_backward(Tensor q, Tensor k, Tensor v, Tensor? key_len, bool causal, Tensor o, Tensor g_o, "
+          "Tensor lse, float scale) -> Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(attnlab_attention, CPU, lib) {

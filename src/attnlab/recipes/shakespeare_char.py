@@ -10,10 +10,12 @@ sums over, so the same init at d_model 128 is 0.02·√(768/128) ≈ 0.049. With
 0.02 this model ends 2,000 steps at about 1.91 (4 seeds); with 0.049 at about 1.77 (README, from
 bench/lm.py). `--set init_std=0.02` restores nanoGPT's init.
 Its training step runs the matrix products in bf16 autocast (train/speed.py; weights, gradients,
-optimizer, attention and loss stay fp32) on CPUs with native bf16 products (AVX512-BF16 or AMX):
-at this size the step is small matrix products, which bf16 runs about twice as
-fast (bench/train_step.py). Seed 0 ends 2,000 steps at validation loss 1.7709 (evaluated in fp32)
-against the fp32 step's 1.771; elsewhere, and with `--set autocast=none`, the step is fp32.
+optimizer and loss stay fp32, attention computes in fp32 inside nn/short_attention.py's kernel,
+which reads and writes the bf16 projections directly) on CPUs with native bf16 products
+(AVX512-BF16 or AMX): at this size the step is small matrix products, which bf16 runs about twice as
+fast (bench/train_step.py). Seed 0 ends 2,000 steps at validation loss 1.7700 (evaluated in fp32;
+1.7709 before the short-attention kernel) against the fp32 step's 1.771; elsewhere, and with
+`--set autocast=none`, the step is fp32.
 shakespeare-char-llama is the same budget and parameter count in the LLaMA style: RoPE, RMSNorm,
 SwiGLU and grouped-query attention (2 KV heads for 4 query heads), with d_ff 384 so that the
 attention and FFN matrices hold exactly as many parameters as the GPT-2-style blocks.
