@@ -74,3 +74,20 @@ def test_the_default_directory_is_torchs(monkeypatch):
     monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
     name = quant_kernel._extension_name()
     assert str(quant_kernel.build_directory(name)) == cpp_extension._get_build_directory(name, verbose=False)
+
+
+def test_each_checkout_builds_in_its_own_directory(tmp_path, monkeypatch):
+    """Regression: two checkouts of one version shared a build directory, and torch's build file names
+    the sources by path, so each rebuilt the extension (~1 min) whenever the other had loaded it."""
+    files = quant_kernel.SOURCES + quant_kernel.HEADERS
+    names = []
+    for checkout in ("one", "two", "one"):
+        folder = tmp_path / checkout
+        folder.mkdir(exist_ok=True)
+        for path in files:
+            (folder / path.name).write_bytes(path.read_bytes())
+        monkeypatch.setattr(quant_kernel, "SOURCES", [folder / p.name for p in quant_kernel.SOURCES])
+        monkeypatch.setattr(quant_kernel, "HEADERS", [folder / p.name for p in quant_kernel.HEADERS])
+        names.append(quant_kernel._extension_name())
+        monkeypatch.undo()
+    assert names[0] != names[1] and names[0] == names[2]

@@ -71,11 +71,14 @@ def _cpu_has_vnni() -> bool:
 
 
 def _extension_name() -> str:
-    """The extension's name, with a digest of its sources, headers and flags: each version builds in
-    its own directory (torch's build cache does not see header changes, and checkouts of different
-    versions on one machine must not rebuild over each other)."""
+    """The extension's name, with a digest of its sources, headers, flags and the directory they are
+    in: each version builds in its own directory (torch's build cache does not see header changes,
+    and checkouts of different versions on one machine must not rebuild over each other), and so
+    does each checkout of one version (torch's build file names the sources by path: two checkouts
+    sharing a directory rebuilt it, ~1 min, each time the other had loaded it)."""
     digest = hashlib.sha256()
     for path in SOURCES + HEADERS:
+        digest.update(str(path.resolve()).encode())
         digest.update(path.read_bytes())
     digest.update(" ".join(FLAGS + LDFLAGS).encode())
     return f"attnlab_kernels_{digest.hexdigest()[:12]}"

@@ -32,6 +32,7 @@ from tqdm import tqdm
 
 from attnlab.errors import NonFiniteError, UserError
 from attnlab.files import DiskFullError, crash_point
+from attnlab.nn import quant_kernel
 from attnlab.train import distributed
 from attnlab.train.checkpoint import load_training_state, save_training_state, save_weights
 from attnlab.train.config import TrainConfig
@@ -301,6 +302,8 @@ class Trainer:
             self.out.mkdir(parents=True, exist_ok=True)
         self.model.train()
         self.strategy.train_module.train()
+        if any(p.device.type == "cpu" for p in self.model.parameters()):
+            quant_kernel.kernel()  # a first build of the C++ extension (~1 min) comes before the clock, not in step 1
         self._clock = time.perf_counter()
         with self.signals:
             if not self._resumed:
