@@ -8,6 +8,8 @@ optimizer, the finiteness guard) on the recipe's model, data and batches:
     foreach        multi-tensor AdamW (the same numbers)
     fused          fused AdamW (one kernel per step)
     bf16           bf16 autocast of the matrix products, fused AdamW
+    bf16_sdpa      the same with attention by torch's SDPA instead of nn/short_attention.py's kernel
+                   (what the kernel gains, in the same rotation)
     compile        torch.compile of the model (inductor), fused AdamW
     compile_bf16   both
 
@@ -53,17 +55,20 @@ from _common import host
 from _nanogpt_step import NanoGPTStep
 from _recipe_trainer import build_trainer, prepare, windows
 
+from attnlab.nn import short_attention
 from attnlab.recipes import get_recipe
 from attnlab.train.host_memory import fix_mmap_threshold, mmap_threshold
 from attnlab.train.loop import Trainer
 from attnlab.train.speed import autocast_context
 
-BASE = {"compile": "fused", "compile_bf16": "bf16"}  # what compiling is weighed against (the same, eager)
+BASE = {"compile": "fused", "compile_bf16": "bf16"}
+WITHOUT_SHORT_ATTENTION = ("bf16_sdpa",)  # candidates whose steps run attention through SDPA  # what compiling is weighed against (the same, eager)
 CANDIDATES = {
     "fp32": {"autocast": "none", "compile": False, "optimizer_impl": "for-loop"},
     "foreach": {"autocast": "none", "compile": False, "optimizer_impl": "foreach"},
     "fused": {"autocast": "none", "compile": False, "optimizer_impl": "fused"},
     "bf16": {"autocast": "bf16", "compile": False, "optimizer_impl": "fused"},
+    "bf16_sdpa": {"autocast": "bf16", "compile": False, "optimizer_impl": "fused"},
     "compile": {"autocast": "none", "compile": True, "optimizer_impl": "fused"},
     "compile_bf16": {"autocast": "bf16", "compile": True, "optimizer_impl": "fused"},
 }
@@ -106,6 +111,16 @@ def attention_probe(batch: int, heads: int, length: int, head_dim: int) -> dict:
         out[str(dtype).removeprefix("torch.")] = round(best_ms(
             lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()), 3)
     return {"shape": [batch, heads, length, head_dim], "ms_forward_backward": out}
+
+
+def sdpa_step(trainer: Trainer, window: list):
+    """One step of `trainer` with nn/short_attention.py's kernel turned off (SDPA for every attention)."""
+    plan = short_attention.plan
+    short_attention.plan = lambda *args: None
+    try:
+        return trainer._train_step(window)
+    finally:
+        short_attention.plan = plan
 
 
 def trainers(name: str, candidates: list[str], root: Path) -> tuple[dict, list, object]:
@@ -157,6 +172,8 @@ def bench_recipe(name: str, candidates: list[str], steps: int, rounds: int, nano
     with tempfile.TemporaryDirectory() as tmp:
         runs, windows, prepared = trainers(name, candidates, Path(tmp))
         step = {c: (lambda w, t=t: t._train_step(w)) for c, t in runs.items()}
+        for c in set(WITHOUT_SHORT_ATTENTION) & set(runs):
+            step[c] = lambda w, t=runs[c]: sdpa_step(t, w)
         names = list(candidates)
         if nanogpt and name in NANOGPT_RECIPES:
             peer = NanoGPTStep(prepared.objective.train.ids, prepared.model_cfg.vocab_size, Path(tmp))

@@ -10,11 +10,11 @@ even) and y = F.linear(bf16(x), bf16(Ŵ)), accumulated in fp32 and rounded to bf
 Two implementations of each formula:
     "cpp"    quant_kernel.cpp, a small C++ extension (AVX512-VNNI int8 dot products per 32-block,
              llama.cpp's scheme), compiled with torch.utils.cpp_extension at first use (about a minute,
-             cached under ~/.cache/torch_extensions, one build per version of the sources) on x86-64
+             cached under ~/.cache/torch_extensions, one build per version of the sources and checkout) on x86-64
              CPUs with AVX512-VNNI and a C++ compiler. The same extension holds the fused decode step
              (fused_decode.cpp, used by nn/fused_decode.py), which shares the int8 code (quant_kernel.h),
              Mamba's selective scan and causal convolution (ssm_scan.cpp, causal_conv.cpp: nn/ssm.py,
-             nn/causal_conv.py), and the short causal attention of training (short_attention.cpp:
+             nn/causal_conv.py), and the short attention of training (short_attention.cpp:
              nn/short_attention.py);
     "torch"  the pure-PyTorch reference: dequantize W (in slices of rows) and call F.linear.
 A weight in the kernel's tiled layout (nn/quant.py QuantWeight.tile, made once by

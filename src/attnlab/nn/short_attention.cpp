@@ -1,19 +1,23 @@
-// Causal self-attention of short sequences (T ≤ 128) for training, forward and backward, one head of
-// one sequence per task (nn/short_attention.py). Everything of a head — its Q, K, V rows, one row of
+// Attention of short sequences (T, S ≤ 128) for training, forward and backward, one head of one
+// sequence per task (nn/short_attention.py). Everything of a head — its Q, K, V rows, one row of
 // scores at a time — sits in L1 and in fp32, whatever the inputs' dtype (fp32 or bf16), so the step
 // neither casts q, k, v to fp32 around a fused kernel nor makes the many small batched products,
 // softmax and their backward operators of the explicit form.
 //
-// Shapes: q (B, H, T, Dh), k, v (B, K, T, Dh), K dividing H (query head h reads key/value head
+// Shapes: q (B, H, T, Dh), k, v (B, K, S, Dh), K dividing H (query head h reads key/value head
 // h / (H / K): grouped-query attention), any strides but a contiguous last dimension; Dh a multiple
-// of 16, at most 128. With s_ij = scale · q_i · k_j (j ≤ i), ℓ_i = log Σ_{j≤i} e^{s_ij}, p_ij = e^{s_ij − ℓ_i}:
-//   forward    o_i = Σ_{j≤i} p_ij v_j                  o (B, T, H, Dh) in q's dtype; ℓ (B, H, T) fp32
+// of 16, at most 128; key_len (B,) int64 or none. Query i of sequence b sees the keys
+// seen(i) = {j < L_b} (L_b = key_len[b], or S), with `causal` (S = T) also j ≤ i. With
+// s_ij = scale · q_i · k_j, ℓ_i = log Σ_{j ∈ seen(i)} e^{s_ij}, p_ij = e^{s_ij − ℓ_i}:
+//   forward    o_i = Σ_{j ∈ seen(i)} p_ij v_j          o (B, T, H, Dh) in q's dtype; ℓ (B, H, T) fp32
 //   backward   D_i = do_i · o_i,  dp_ij = do_i · v_j,  ds_ij = p_ij (dp_ij − D_i)
 //              dq_i = scale Σ_j ds_ij k_j,  dk_j = scale Σ_i ds_ij q_i,  dv_j = Σ_i p_ij do_i
-// The backward pass recomputes p from ℓ (FlashAttention's way: no T × T tensor is kept). Rows of
-// scores are computed 16 keys to a vector from Kᵀ (no horizontal sums); bf16 is read by widening and
-// written rounded to nearest even (as c10::BFloat16). Threads: at::parallel_for over the B · H query
-// heads (forward) and the B · K key/value heads (backward: a head's dk, dv sum over its H / K queries).
+// A query that sees no key gives o_i = 0 (ℓ_i = −∞) and no gradient. The backward pass recomputes p
+// from ℓ (FlashAttention's way: no T × S tensor is kept). Rows of scores are computed 16 keys to a
+// vector from Kᵀ (no horizontal sums), only as far as a row's last visible key; bf16 is read by
+// widening and written rounded to nearest even (as c10::BFloat16). Threads: at::parallel_for over the
+// B · H query heads (forward) and the B · K key/value heads (backward: a head's dk, dv sum over its
+// H / K queries).
 // Source: Vaswani et al. 2017, §3.2.1 (equation 1); Dao et al. 2022, "FlashAttention", §3.1 and
 // Algorithm 2 (the backward pass from the saved log-sum-exp).
 #include <ATen/ATen.h>

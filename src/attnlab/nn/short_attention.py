@@ -22,7 +22,7 @@ Used by nn/attention.py's scaled_dot_product_attention where `plan` finds it app
 key/value heads dividing the query heads (GQA), a mask of the forms above or none, CPU fp32/bf16
 inputs that autograd records (a training step; inference keeps SDPA and the decode kernels, whose
 bits it would otherwise change), the C++ extension built, not under torch.compile.
-bench/train_step.py times the steps with it.
+bench/train_step.py times the steps with it and without (its candidate bf16_sdpa).
 
 Source: Vaswani et al. 2017, §3.2.1 (equation 1); Dao et al. 2022, "FlashAttention", §3.1 and
 Algorithm 2 (the backward pass from the saved log-sum-exp); Ainslie et al. 2023 (grouped-query).

@@ -168,7 +168,6 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
         group["lr"] = lr
 
 
-
 def clip_normalised_(grads: list[torch.Tensor], scale: float, max_norm: float) -> torch.Tensor:
     """grads ← grads · scale, then clipped to a global L2 norm of at most max_norm, as one multiply:
     the same as `_foreach_mul_(grads, scale)` followed by `clip_grad_norm_(…, max_norm)` (its
