@@ -52,7 +52,7 @@ def test_the_build_runs_inside_the_lock_in_its_own_directory(tmp_path, monkeypat
     from torch.utils import cpp_extension
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     monkeypatch.delenv("ATTNLAB_QUANT_KERNEL", raising=False)
-    monkeypatch.setattr(quant_kernel, "_cpu_has_vnni", lambda: True)
+    monkeypatch.setattr(quant_kernel, "instruction_set", lambda: "avx512")
     seen = {}
 
     def fake_load(name, build_directory, **kwargs):

@@ -14,7 +14,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
-#include <immintrin.h>
+#include "simd_compat.h"
 #include <cstdint>
 
 #include "decode_ops.h"  // exp16 (Sleef's exp, as F.silu's), prefetch, tail_mask

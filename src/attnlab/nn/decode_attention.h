@@ -13,7 +13,7 @@
 // reads each kv row once for the heads of its group in the same way.
 #pragma once
 
-#include <immintrin.h>
+#include "simd_compat.h"
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

@@ -24,7 +24,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <immintrin.h>
+#include "simd_compat.h"
 #include <algorithm>
 #include <cstdint>
 #include <vector>

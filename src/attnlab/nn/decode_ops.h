@@ -9,7 +9,7 @@
 // Su et al. 2021 (RoPE), Shazeer 2020 (SwiGLU).
 #pragma once
 
-#include <immintrin.h>
+#include "simd_compat.h"
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

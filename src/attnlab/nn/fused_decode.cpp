@@ -28,7 +28,7 @@
 #include <ATen/Parallel.h>
 #include <torch/custom_class.h>
 #include <torch/library.h>
-#include <immintrin.h>
+#include "simd_compat.h"
 #include <algorithm>
 #include <cmath>
 #include <vector>

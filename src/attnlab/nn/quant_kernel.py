@@ -10,8 +10,9 @@ even) and y = F.linear(bf16(x), bf16(Ŵ)), accumulated in fp32 and rounded to bf
 Two implementations of each formula:
     "cpp"    quant_kernel.cpp, a small C++ extension (AVX512-VNNI int8 dot products per 32-block,
              llama.cpp's scheme), compiled with torch.utils.cpp_extension at first use (about a minute,
-             cached under ~/.cache/torch_extensions, one build per version of the sources and checkout) on x86-64
-             CPUs with AVX512-VNNI and a C++ compiler. The same extension holds the fused decode step
+             cached under ~/.cache/torch_extensions, one build per version of the sources, checkout and
+             instruction set) on x86-64 CPUs with a C++ compiler: natively with AVX512-VNNI, and
+             through simd_compat.h (SIMDe) on CPUs with AVX2, FMA and F16C only (INSTRUCTION_SETS). The same extension holds the fused decode step
              (fused_decode.cpp, used by nn/fused_decode.py), which shares the int8 code (quant_kernel.h),
              Mamba's selective scan and causal convolution (ssm_scan.cpp, causal_conv.cpp: nn/ssm.py,
              nn/causal_conv.py), and the short attention of training (short_attention.cpp:
@@ -39,20 +40,31 @@ from attnlab.nn import cpu_tuning
 from attnlab.nn.quant import BLOCK, SCHEMES, QuantWeight, dequantize, quantize_activations
 
 try:
-    import fcntl  # POSIX; the extension is only built on x86-64 Linux (_cpu_has_vnni)
+    import fcntl  # POSIX; the extension is only built on x86-64 Linux (instruction_set)
 except ImportError:  # pragma: no cover - Windows
     fcntl = None
 
 SOURCES = [Path(__file__).with_name(n) for n in ("quant_kernel.cpp", "fused_decode.cpp", "ssm_scan.cpp",
                                                   "causal_conv.cpp", "short_attention.cpp")]
-HEADERS = [Path(__file__).with_name(n) for n in ("quant_kernel.h", "quant_tiles.h", "decode_matvec.h", "decode_ops.h",
+HEADERS = [Path(__file__).with_name(n) for n in ("simd_compat.h", "quant_kernel.h", "quant_tiles.h", "decode_matvec.h", "decode_ops.h",
                                                   "decode_attention.h", "decode_team.h", "ssm_scan.h")]
 SCHEME_ID = {s: i for i, s in enumerate(SCHEMES)}  # = quant_kernel.h enum Scheme (tests/nn/test_kernel_ids.py)
 # -ffp-contract=off: a · b + c rounds twice, as PyTorch's separate ops do (explicit FMA intrinsics stay FMA).
 # -fopenmp: at::parallel_for is an inline template that runs serially unless the extension itself is built
 # with OpenMP; linked by soname, it shares torch's libgomp (and its thread count) at run time.
-FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mf16c", "-mfma",
-         "-ffp-contract=off", "-fopenmp"]
+FLAGS = ["-O3", "-ffp-contract=off", "-fopenmp"]
+# The sources are written with AVX512 intrinsics. Each instruction set the extension builds for: the
+# CPU flags it needs (/proc/cpuinfo) and the compiler flags. "avx512" runs them natively; "avx2" (CPUs
+# without AVX512, e.g. AMD Zen 2/3) compiles the same sources through simd_compat.h, which maps each
+# AVX512 intrinsic onto two AVX2 halves with SIMDe (the header-only library, Debian's libsimde-dev),
+# so both builds compute the same values (the int32 block sums exactly, fp32 in the same order).
+INSTRUCTION_SETS = {
+    "avx512": ({"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "f16c", "fma"},
+               ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mf16c", "-mfma"]),
+    "avx2": ({"avx2", "fma", "f16c"}, ["-mavx2", "-mfma", "-mf16c"]),
+}
+SIMDE_HEADER = "simde/x86/avx512.h"
+SIMDE_DIRS = ("/usr/include", "/usr/local/include")  # and $CPATH's, where the compiler looks too
 LDFLAGS = ["-fopenmp"]
 TUNING_FIELDS = ("parallel_bytes", "prefetch_q", "prefetch_f32", "one_region", "prefetch_l2")  # decode_matvec.h
 PREFILL_ROWS = 32    # from this many rows on, the bf16 GEMM route (module doc)
@@ -61,16 +73,32 @@ _state: dict = {}
 ON_LOAD: list = []  # callables run once the extension has loaded (other ops' fake kernels: nn/ssm.py)
 
 
-def _cpu_has_vnni() -> bool:
-    """True when /proc/cpuinfo (Linux) lists every instruction set the kernel is compiled for."""
+def _cpu_flags() -> set[str]:
+    """The CPU's flags from /proc/cpuinfo (Linux), or none."""
     try:
-        flags = set(Path("/proc/cpuinfo").read_text().split())
+        return set(Path("/proc/cpuinfo").read_text().split())
     except OSError:
-        return False
-    return {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "f16c", "fma"} <= flags
+        return set()
 
 
-def _extension_name() -> str:
+def instruction_set() -> str | None:
+    """The first of INSTRUCTION_SETS ("avx512", "avx2") whose CPU flags this CPU lists, or None."""
+    flags = _cpu_flags()
+    return next((name for name, (needs, _) in INSTRUCTION_SETS.items() if needs <= flags), None)
+
+
+def simde_directory() -> Path | None:
+    """The include directory that holds SIMDe's AVX512 header (SIMDE_HEADER), or None."""
+    cpath = [d for d in os.environ.get("CPATH", "").split(os.pathsep) if d]
+    return next((Path(d) for d in [*cpath, *SIMDE_DIRS] if (Path(d) / SIMDE_HEADER).is_file()), None)
+
+
+def compile_flags(isa: str) -> list[str]:
+    """The compiler flags of the extension's build for the instruction set `isa`."""
+    return FLAGS + INSTRUCTION_SETS[isa][1]
+
+
+def _extension_name(isa: str = "avx512") -> str:
     """The extension's name, with a digest of its sources, headers, flags and the directory they are
     in: each version builds in its own directory (torch's build cache does not see header changes,
     and checkouts of different versions on one machine must not rebuild over each other), and so
@@ -80,7 +108,7 @@ def _extension_name() -> str:
     for path in SOURCES + HEADERS:
         digest.update(str(path.resolve()).encode())
         digest.update(path.read_bytes())
-    digest.update(" ".join(FLAGS + LDFLAGS).encode())
+    digest.update(" ".join(compile_flags(isa) + LDFLAGS).encode())
     return f"attnlab_kernels_{digest.hexdigest()[:12]}"
 
 
@@ -116,16 +144,21 @@ def _build() -> str | None:
     """Compile and load the extension; return None, or the reason it is not available."""
     if os.environ.get("ATTNLAB_QUANT_KERNEL", "") == "torch":
         return "ATTNLAB_QUANT_KERNEL=torch"
-    if not _cpu_has_vnni():
-        return "this CPU has no AVX512-VNNI"
+    isa = instruction_set()
+    if isa is None:
+        return "this CPU has neither AVX512-VNNI nor AVX2 with FMA and F16C"
+    if isa == "avx2" and simde_directory() is None:  # the compiler finds it by itself there
+        return (f"this CPU has no AVX512-VNNI; its AVX2 build needs SIMDe's headers ({SIMDE_HEADER}: "
+                "apt-get install libsimde-dev, or put their directory on CPATH)")
     try:
         from torch.utils import cpp_extension  # optional: needs a C++ compiler and ninja at run time
-        name = _extension_name()
+        name = _extension_name(isa)
         directory = build_directory(name)
         with build_lock(directory):
-            cpp_extension.load(name=name, sources=[str(p) for p in SOURCES], extra_cflags=FLAGS,
+            cpp_extension.load(name=name, sources=[str(p) for p in SOURCES], extra_cflags=compile_flags(isa),
                                extra_ldflags=LDFLAGS, build_directory=str(directory),
                                is_python_module=False, verbose=False)
+        _state["instruction_set"] = isa
         set_tuning(**cpu_tuning.kernel_settings(cpu_tuning.choose()))  # this machine's row (speed only)
         torch.library.register_fake("attnlab_quant::linear")(_fake)
         torch.library.register_fake("attnlab_quant::linear_f32")(_fake_f32)
@@ -165,6 +198,11 @@ def _fake_f32(x, w):
 
 def _fake_bf16(qs, d, m, scheme, tile):
     return d.new_empty(d.shape[0], d.shape[1] * BLOCK, dtype=torch.bfloat16)
+
+
+def built_for() -> str | None:
+    """The instruction set ("avx512", "avx2") of the loaded extension, or None (the fallback)."""
+    return _state.get("instruction_set") if kernel() == "cpp" else None
 
 
 def kernel() -> str:

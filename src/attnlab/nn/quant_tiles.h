@@ -21,7 +21,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
-#include <immintrin.h>
+#include "simd_compat.h"
 #include <cstdint>
 
 #include "quant_kernel.h"

@@ -5,7 +5,7 @@
 // out inline; no FMA: -ffp-contract=off), and each block's rows are prefetched kAhead steps ahead.
 #pragma once
 
-#include <immintrin.h>
+#include "simd_compat.h"
 #include <cstdint>
 #include <vector>
 
@@ -17,12 +17,22 @@ using attnlab_decode::exp16;
 using attnlab_decode::prefetch;
 using attnlab_decode::tail_mask;
 
-// Sleef's 16-lane log1p (1 ulp), exported by libtorch_cpu like its exp (decode_ops.h); weak, so a build
-// of torch without it falls back to std::log1p lane by lane.
+// Sleef's log1p (1 ulp), exported by libtorch_cpu like its exp (decode_ops.h): the 16-lane function,
+// or in the AVX2 build (simd_compat.h) its 8-lane AVX2 one on each half, as F.softplus runs it on such
+// a CPU. Weak, so a build of torch without it falls back to std::log1p lane by lane.
+#if defined(__AVX512F__)
 extern "C" __m512 Sleef_log1pf16_u10(__m512) __attribute__((weak));
+#else
+extern "C" __m256 Sleef_log1pf8_u10avx2(__m256) __attribute__((weak));
+#endif
 
 inline __m512 log1p16(__m512 x) {
+#if defined(__AVX512F__)
   if (Sleef_log1pf16_u10 != nullptr) return Sleef_log1pf16_u10(x);
+#else
+  if (Sleef_log1pf8_u10avx2 != nullptr)
+    return attnlab_simd::join(Sleef_log1pf8_u10avx2(attnlab_simd::lo(x)), Sleef_log1pf8_u10avx2(attnlab_simd::hi(x)));
+#endif
   alignas(64) float t[16];
   _mm512_store_ps(t, x);
   for (float& v : t) v = std::log1p(v);
