@@ -48,8 +48,8 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         mask: bool, broadcastable to (B, H, T, S), True = may attend; None = all visible.
         dropout: dropout on the attention weights (training only; the caller passes 0 in eval).
         impl: "sdpa" (torch's fused kernel, the FlashAttention path; in training on short windows with
-            no mask, a causal one or right padding, nn/short_attention.py's kernel, equal up to fp32
-            rounding) or "math" (explicit, readable).
+            no mask, a causal one or right padding and an AVX512 build of the extension,
+            nn/short_attention.py's kernel, equal up to fp32 rounding) or "math" (explicit, readable).
         need_weights: return the (B, H, T, S) attention weights; forces the math path.
         is_causal: the mask is the plain causal mask of T == S positions (pass mask=None): SDPA then
             skips the future without building any T × T tensor (O(T) extra memory).
