@@ -7,7 +7,8 @@ same Sleef exp), so a token into an empty cache gives bit-identical logits and l
 values are bit-identical at every step; past one position an activation lying within attention's
 rounding of an int8 step boundary can round to the other step (a "flip", ~5 % of random tiny models),
 so quantized logits are held to QUANT_BOUND, greedy tokens to equality. A batched step gives each
-sequence exactly (bit for bit) what its batch-1 step gives.
+sequence exactly (bit for bit) what its batch-1 step gives. The C++ prefill is tested on either build
+of the extension (an AVX2 build runs the model's forward instead: tested to be the reference's bits).
 """
 from __future__ import annotations
 
@@ -33,6 +34,12 @@ pytestmark = pytest.mark.skipif(kernel() != "cpp", reason="the C++ kernel is not
 
 DTYPES = ("fp32", "q8_0", "q4_0", "q4_1")
 BOUND = 1e-5  # of the largest |value|: fp32
+
+
+@pytest.fixture(autouse=True)
+def cpp_prefill(monkeypatch):
+    """The C++ prefill on this build too (an AVX2 build runs it, slower: engines/fused.py)."""
+    monkeypatch.setattr(fused_engine, "PREFILL_INSTRUCTION_SETS", ("avx512", "avx2"))
 
 
 def tiny(dtype: str = "fp32", preset: str = "llama", **overrides) -> GPT:
@@ -127,6 +134,17 @@ def test_prefill_chunks_give_the_same_bits_whatever_their_size(dtype, monkeypatc
     held = whole.caches.held(0)
     assert all(torch.equal(a[0, :, :held], b[0, :, :held]) for a, b in zip(whole.caches.k, chunked.caches.k))
     assert torch.equal(whole.step([0], [3]), chunked.step([0], [3]))
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "q8_0"])
+def test_a_build_without_cpp_prefill_prefills_with_the_models_forward(dtype, monkeypatch):
+    monkeypatch.setattr(fused_engine, "PREFILL_INSTRUCTION_SETS", ())
+    model = tiny(dtype)
+    prompt = prompts((20,))[0]
+    fused, reference = FusedEngine(model, 1, 32), ReferenceEngine(model, 1, 32)
+    assert torch.equal(fused.prefill([0], [prompt]), reference.prefill([0], [prompt]))  # the same bits
+    assert all(torch.equal(a[0, :, :20], b[0, :, :20]) for a, b in zip(fused.caches.k, reference.caches.k))
+    assert_close(fused.step([0], [3]), reference.step([0], [3]), dtype)  # the C++ step reads those caches
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "q8_0"])

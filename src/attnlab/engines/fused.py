@@ -12,7 +12,11 @@ reference engine's (engines/reference.py); choose.py picks.
     prefill   each prompt through the same C++ step in chunks of up to PREFILL_CHUNK tokens: a chunk
               is N entries of one cache row at consecutive slots and positions, each attending to
               the ones before it (causal), the logits of its last token only. The chunk's rows share
-              every weight tile (the products are compute-bound there).
+              every weight tile (the products are compute-bound there). Where the extension is built
+              for AVX2 only (PREFILL_INSTRUCTION_SETS; its 16-lane tiles emulated as pairs of 8-lane
+              ones, nn/simd_compat.h) the prompt goes through the model's own forward instead (the
+              reference engine's prefill, BLAS's GEMM, into the same caches): on AMD EPYC Zen 3 the
+              C++ chunks ran 5x (fp32) and 2x (Q8_0) slower than it (bench/pretrained.py).
     step      N new tokens of N slots of any lengths in one C++ call that reads and writes the same
               per-slot caches (engines/slots.py): each sequence's keys at its own slot, its own
               position, its own visible range (a sliding window).
@@ -31,10 +35,12 @@ from typing import Sequence
 import torch
 
 from attnlab.engines.reference import ReferenceEngine
+from attnlab.nn import quant_kernel
 from attnlab.nn.fused_decode import FusedDecoder, NotSupported
 
 QUANT_BOUND = 1e-1  # of the largest |logit|: fused against reference, quantized (module doc; SmolLM2: ≤ 0.06)
 PREFILL_CHUNK = 128  # prompt tokens per C++ call (its scratch grows with chunk × cache capacity)
+PREFILL_INSTRUCTION_SETS = ("avx512",)  # builds of the extension whose C++ prefill runs (module doc)
 
 
 def _decoder(model) -> FusedDecoder:
@@ -81,6 +87,8 @@ class FusedEngine(ReferenceEngine):
 
     @torch.no_grad()
     def prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]]) -> torch.Tensor:
+        if quant_kernel.built_for() not in PREFILL_INSTRUCTION_SETS:
+            return super().prefill(slots, prompts)  # the model's forward (module doc)
         slots, prompts = self.table.check_prefill(slots, prompts)
         c, out = self.caches, []
         chunk = PREFILL_CHUNK if c.window is None else min(PREFILL_CHUNK, c.capacity - c.window + 1)
