@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from attnlab.nn.cpu_tuning import cpu_info
+from attnlab.nn.quant_kernel import instruction_set
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -33,19 +34,20 @@ def lscpu_model_name() -> str:
 
 def host(threads: int) -> dict:
     """What every bench JSON records of the machine it ran on: lscpu's model name, the vendor, the
-    flags that matter (avx512_vnni, avx512_bf16, amx), the threads, and the bandwidth (GB/s) and
-    fp32 matmul GFLOP/s measured now with those threads."""
+    flags that matter (avx512_vnni, avx512_bf16, amx), the C++ extension's instruction set here
+    (quant_kernel.instruction_set: "avx512", "avx2" or None), the threads, and the bandwidth (GB/s)
+    and fp32 matmul GFLOP/s measured now with those threads."""
     info = cpu_info()
     return {"model_name": lscpu_model_name() or info["model_name"], "vendor": info["vendor"], "flags": info["flags"],
-            "threads": threads, **{k: v for k, v in machine_peaks(threads).items() if k != "threads"}}
+            "kernel_instruction_set": instruction_set(), "threads": threads, **{k: v for k, v in machine_peaks(threads).items() if k != "threads"}}
 
 
 def lscpu() -> dict:
     """This host's CPU without the timed probes: lscpu's model name, the vendor, the flags that
-    matter (avx512_vnni, avx512_bf16, amx) and the CPU count."""
+    matter (avx512_vnni, avx512_bf16, amx), the C++ extension's instruction set and the CPU count."""
     info = cpu_info()
     return {"model_name": lscpu_model_name() or info["model_name"], "vendor": info["vendor"],
-            "flags": info["flags"], "cpus": os.cpu_count()}
+            "flags": info["flags"], "kernel_instruction_set": instruction_set(), "cpus": os.cpu_count()}
 
 
 def save_figure(fig, path: str) -> None:

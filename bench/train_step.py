@@ -10,6 +10,7 @@ optimizer, the finiteness guard) on the recipe's model, data and batches:
     bf16           bf16 autocast of the matrix products, fused AdamW
     bf16_sdpa      the same with attention by torch's SDPA instead of nn/short_attention.py's kernel
                    (what the kernel gains, in the same rotation)
+    fused_sdpa     fused, with attention by SDPA (the kernel's gain in fp32: CPUs without native bf16)
     compile        torch.compile of the model (inductor), fused AdamW
     compile_bf16   both
 
@@ -61,14 +62,15 @@ from attnlab.train.host_memory import fix_mmap_threshold, mmap_threshold
 from attnlab.train.loop import Trainer
 from attnlab.train.speed import autocast_context
 
-BASE = {"compile": "fused", "compile_bf16": "bf16"}
-WITHOUT_SHORT_ATTENTION = ("bf16_sdpa",)  # candidates whose steps run attention through SDPA  # what compiling is weighed against (the same, eager)
+BASE = {"compile": "fused", "compile_bf16": "bf16"}  # what compiling is weighed against (the same, eager)
+WITHOUT_SHORT_ATTENTION = ("bf16_sdpa", "fused_sdpa")  # candidates whose steps run attention through SDPA
 CANDIDATES = {
     "fp32": {"autocast": "none", "compile": False, "optimizer_impl": "for-loop"},
     "foreach": {"autocast": "none", "compile": False, "optimizer_impl": "foreach"},
     "fused": {"autocast": "none", "compile": False, "optimizer_impl": "fused"},
     "bf16": {"autocast": "bf16", "compile": False, "optimizer_impl": "fused"},
     "bf16_sdpa": {"autocast": "bf16", "compile": False, "optimizer_impl": "fused"},
+    "fused_sdpa": {"autocast": "none", "compile": False, "optimizer_impl": "fused"},
     "compile": {"autocast": "none", "compile": True, "optimizer_impl": "fused"},
     "compile_bf16": {"autocast": "bf16", "compile": True, "optimizer_impl": "fused"},
 }
