@@ -10,12 +10,14 @@ Settings change speed only: every product gives the same bits whatever they are.
 Prints one JSON line (with this machine's CPU, flags, bandwidth and GFLOP/s).
 
     python bench/decode_tuning.py [--threads 2] [--steps 10] [--rounds 3] [--dtypes fp32 q8_0 auto]
+                                  [--candidates '' prefetch_q=0 prefetch_spread=1,prefetch_q=8192] [--context 64]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import statistics
+import sys
 import time
 
 import torch
@@ -31,9 +33,10 @@ from attnlab.nn.quant_linear import QuantLinear
 
 # candidate settings per kind of weight, each tried in every round (interleaved: the machine drifts)
 CANDIDATES = {
-    "quantized": [{}, {"prefetch_l2": 0}, {"prefetch_l2": 0, "prefetch_q": 1536}, {"prefetch_q": 2048},
-                  {"prefetch_q": 8192}, {"prefetch_q": 16384}, {"parallel_bytes": 1 << 14},
-                  {"parallel_bytes": 1 << 16}, {"one_region": 0}],
+    "quantized": [{}, {"prefetch_q": 0}, {"prefetch_l2": 0}, {"prefetch_l2": 0, "prefetch_q": 1536},
+                  {"prefetch_q": 2048}, {"prefetch_q": 8192}, {"prefetch_q": 16384}, {"prefetch_spread": 1},
+                  {"prefetch_spread": 1, "prefetch_q": 8192}, {"prefetch_spread": 1, "prefetch_l2": 0},
+                  {"parallel_bytes": 1 << 14}, {"parallel_bytes": 1 << 16}, {"one_region": 0}],
     "fp32": [{}, {"prefetch_l2": 0, "prefetch_f32": 0}, {"prefetch_f32": 8192}, {"prefetch_f32": 32768},
              {"prefetch_f32": 65536}, {"parallel_bytes": 1 << 16}, {"parallel_bytes": 1 << 17}, {"one_region": 0}],
 }
@@ -73,12 +76,13 @@ def stream_gbs(prods) -> float:
 _engines: dict = {}
 
 
-def step_ms(model, batch: int, steps: int) -> float:
-    """Median ms of `steps` fused steps of `batch` sequences (one engine per model and batch, prefilled once)."""
+def step_ms(model, batch: int, steps: int, context: int = 64) -> float:
+    """Median ms of `steps` fused steps of `batch` sequences (one engine per model and batch, prefilled once
+    with prompts of `context`, `context` − 1, ... tokens)."""
     key = (id(model), batch)
     if key not in _engines:
-        engine = FusedEngine(model, batch, 64 + 1200)
-        engine.prefill(range(batch), [list(range(100, 164 - b)) for b in range(batch)])
+        engine = FusedEngine(model, batch, context + 1200)
+        engine.prefill(range(batch), [[100 + i % 1000 for i in range(context - b)] for b in range(batch)])
         _engines[key] = engine
     engine, times = _engines[key], []
     for _ in range(steps):
@@ -100,10 +104,23 @@ def fork_join_us() -> float:
     return round((split - serial) / 1000 * 1e6, 2)
 
 
-def sweep(model, quantized: bool, rounds: int, steps: int) -> list[dict]:
+def parse_candidate(text: str) -> dict:
+    """'key=value,key=value' (fields of nn/quant_kernel.py TUNING_FIELDS; '' = as chosen) -> a candidate."""
+    out = {}
+    for item in filter(None, text.split(",")):
+        key, _, value = item.partition("=")
+        if key not in get_tuning() or not value.lstrip("-").isdigit():
+            raise SystemExit(f"bench/decode_tuning.py: --candidates {text!r}: want key=int pairs of "
+                             f"{', '.join(get_tuning())}")
+        out[key] = int(value)
+    return out
+
+
+def sweep(model, quantized: bool, rounds: int, steps: int, candidates: list[dict] | None = None,
+          context: int = 64) -> list[dict]:
     """Each candidate's median over `rounds` interleaved rounds: stream GB/s (1 and 8 rows), step ms (B = 1, 8)."""
     chosen, prods, prods8 = get_tuning(), products(model), products(model, 8)
-    candidates = CANDIDATES["quantized" if quantized else "fp32"]
+    candidates = candidates or CANDIDATES["quantized" if quantized else "fp32"]
     seen = [{"stream_gb_s": [], "stream8_gb_s": [], "step_ms_b1": [], "step_ms_b8": []} for _ in candidates]
     for r in range(rounds):  # the contexts grow by `steps` per measurement: every other round in reverse
         order = list(zip(candidates, seen))
@@ -111,8 +128,8 @@ def sweep(model, quantized: bool, rounds: int, steps: int) -> list[dict]:
             set_tuning(**{**chosen, **cand})
             rec["stream_gb_s"].append(stream_gbs(prods))
             rec["stream8_gb_s"].append(stream_gbs(prods8))
-            rec["step_ms_b1"].append(step_ms(model, 1, steps))
-            rec["step_ms_b8"].append(step_ms(model, 8, steps))
+            rec["step_ms_b1"].append(step_ms(model, 1, steps, context))
+            rec["step_ms_b8"].append(step_ms(model, 8, steps, context))
     set_tuning(**chosen)
     return [{"setting": cand or "chosen", **{k: round(statistics.median(v), 3) for k, v in rec.items()}}
             for cand, rec in zip(candidates, seen)]
@@ -135,14 +152,19 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dtypes", nargs="+", default=["fp32", "q8_0", "auto"])
+    ap.add_argument("--candidates", nargs="+", metavar="K=V[,K=V]",
+                    help="settings to sweep instead of CANDIDATES ('' = as chosen), for every dtype")
+    ap.add_argument("--context", type=int, default=64, help="prompt tokens before the timed steps (B = 1 and 8)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     assert kernel() == "cpp", "needs the C++ extension"
-    result = {"bench": "decode_tuning", "host": host(args.threads), "chosen": cpu_tuning.chosen(True),
+    result = {"bench": "decode_tuning", "command": " ".join(["python"] + sys.argv), "context": args.context,
+              "host": host(args.threads), "chosen": cpu_tuning.chosen(True),
               "fork_join_us": fork_join_us(), "sweeps": {}, "one_thread_stream_gb_s": {}}
     for dtype in args.dtypes:
         model = load_causal_lm("smollm2-135m", dtype).model
-        result["sweeps"][dtype] = sweep(model, dtype != "fp32", args.rounds, args.steps)
+        picked = [parse_candidate(c) for c in args.candidates] if args.candidates else None
+        result["sweeps"][dtype] = sweep(model, dtype != "fp32", args.rounds, args.steps, picked, args.context)
         torch.set_num_threads(1)
         result["one_thread_stream_gb_s"][dtype] = {r: stream_gbs(products(model, r)) for r in (1, 4, 8)}
         torch.set_num_threads(args.threads)

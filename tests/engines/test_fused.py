@@ -23,6 +23,7 @@ from attnlab.engines import FusedEngine, ReferenceEngine, choose_engine, engine_
 from attnlab.engines.fused import QUANT_BOUND
 from attnlab.generate import generate
 from attnlab.models.gpt import GPT, GPTConfig
+from attnlab.nn import cpu_tuning
 from attnlab.nn.fused_decode import FusedDecoder
 from attnlab.nn.kv_cache import KVCache
 from attnlab.nn.quant_kernel import get_tuning, kernel, set_tuning
@@ -260,6 +261,34 @@ def test_the_step_gives_the_same_bits_on_one_thread_and_on_two_in_either_threadi
         torch.set_num_threads(before)
         set_tuning(**tuning)
     assert torch.equal(out[0], out[1]) and torch.equal(out[0], out[2])
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "q8_0", "q4_1"])
+def test_the_prefetch_settings_change_no_bit(dtype, monkeypatch):
+    # prefetch_spread / prefetch_kv / prefetch_l2 / the distances only ask for memory earlier
+    # (nn/cpu_tuning.py): every setting gives the step the same logits, in 16-row tiles and in rows
+    monkeypatch.setenv(cpu_tuning.TILE_ENV, "16")
+    model = tiny(dtype, d_model=128, d_ff=256)
+    batch, tuning = prompts((1, 7, 64, 300)), get_tuning()
+    out = []
+    try:
+        for setting in ({"prefetch_spread": 0, "prefetch_kv": 1}, {"prefetch_spread": 1, "prefetch_kv": 2},
+                        {"prefetch_spread": 1, "prefetch_kv": 0, "prefetch_l2": 0}, {"prefetch_q": 0, "prefetch_f32": 0},
+                        {"prefetch_spread": 1, "prefetch_kv": 2, "prefetch_q": 256, "prefetch_f32": 256}):
+            set_tuning(**{**tuning, **setting})
+            engine = FusedEngine(model, 4, 310)
+            out.append(torch.stack([engine.prefill(range(4), batch)] +
+                                   [engine.step(range(4), [5, 6, 7, 8]) for _ in range(3)]))
+    finally:
+        set_tuning(**tuning)
+    assert all(torch.equal(out[0], o) for o in out[1:])
+
+
+def test_a_bad_tuning_value_is_named():
+    with pytest.raises(RuntimeError, match="prefetch_kv 0/1/2"):
+        set_tuning(prefetch_kv=3)
+    with pytest.raises(KeyError, match="unknown tuning field 'prefetch_far'"):
+        set_tuning(prefetch_far=1)
 
 
 def mha_copy(model: GPT) -> GPT:

@@ -9,6 +9,10 @@ different CPUs, so a few settings are chosen per CPU kind from /proc/cpuinfo, by
     one_region     1: the fused step runs in one parallel region with barriers (nn/decode_team.h);
                    0: each product and attention pass forks and joins the threads itself
     prefetch_l2    1: prefetches go to L2 only (more misses in flight than L1 allows), 0: into L1
+    prefetch_spread 1: a quantized 16/8-row tile asks for the tile ahead a few lines per block while
+                   it runs; 0: all its lines at once before it (a burst fills the miss queues and stalls)
+    prefetch_kv    attention's next kv head's cache rows: 0 left to the hardware prefetcher, 1 all
+                   asked for before the current head's pass, 2 a few per key of it
     linear_form    how nn/linear.py computes a few-row fp32 product: "cpp" (decode_matvec.h's
                    AVX512 kernel, where the extension builds), "bmm" (a batched product over 4 row
                    blocks) or "blas" (F.linear); results agree up to fp32 summation order
@@ -29,6 +33,13 @@ Where a value came from (bench/decode_tuning.py runs the sweeps; the README keep
         quant_tiles_amd_epyc.json: 1.06-1.14x the rows at B = 1, 1.3-1.6x at B = 8; 8 rows no better);
         Intel keeps ggml's rows, the form its figures were measured with, until the tiles are
         measured there.
+        Spread prefetches (prefetch_spread 1, prefetch_kv 2): `python bench/decode_tuning.py --dtypes
+        auto q8_0 --context 200 --candidates '' prefetch_kv=0 prefetch_kv=2 prefetch_spread=1
+        prefetch_spread=1,prefetch_kv=0 prefetch_spread=1,prefetch_kv=2` (bench/results/
+        decode_tuning_spread_amd_epyc.json): the bursts stalled the step (perf: the samples on the
+        instruction after each prefetcht1); spread, B = 1 / 8 steps 1.0-1.16x / 1.12-1.2x faster. fp32
+        keeps its burst (spread or none: 1.2x slower at B = 1, bandwidth-bound). Intel keeps the bursts
+        (not measured there).
 The chosen values are printed in every bench JSON (`chosen()`), ATTNLAB_CPU_TUNING=intel|amd
 forces one kind's row and ATTNLAB_QUANT_TILE=0|8|16 one tile for every format (to compare them on one
 machine; read when a weight is prepared).
@@ -54,6 +65,8 @@ class Tuning:
     one_region: int       # 1 or 0 (module doc)
     prefetch_l2: int      # 1 or 0 (module doc)
     linear_form: str      # "cpp", "bmm" or "blas" (module doc)
+    prefetch_spread: int = 0  # 1 or 0 (module doc)
+    prefetch_kv: int = 1      # 0, 1 or 2 (module doc)
     tile_q8_0: int = 0    # rows per kernel tile of a prepared weight, per format: 0, 8 or 16 (module doc)
     tile_q4_0: int = 0
     tile_q4_1: int = 0
@@ -62,7 +75,7 @@ class Tuning:
 INTEL_SPR = Tuning(prefetch_q=3072, prefetch_f32=0, parallel_bytes=1 << 15, one_region=0, prefetch_l2=0,
                    linear_form="cpp")
 AMD_ZEN4 = Tuning(prefetch_q=4096, prefetch_f32=16384, parallel_bytes=1 << 15, one_region=1, prefetch_l2=1,
-                  linear_form="cpp", tile_q8_0=16, tile_q4_0=16, tile_q4_1=16)
+                  linear_form="cpp", prefetch_spread=1, prefetch_kv=2, tile_q8_0=16, tile_q4_0=16, tile_q4_1=16)
 ROWS = {"intel": INTEL_SPR, "amd": AMD_ZEN4}
 NOT_KERNEL = ("linear_form", "tile_q8_0", "tile_q4_0", "tile_q4_1")  # chosen in Python, not set in the extension
 

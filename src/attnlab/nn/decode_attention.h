@@ -25,13 +25,14 @@ namespace attnlab_decode {
 // G ≤ 4 heads from q against k, v (n, Dh): as attend_head per head (module doc)
 template <int G>
 inline void attend_group_t(const float* q, const float* k, const float* v, int64_t n, int64_t dh, float* p,
-                           int64_t ldp, float* out) {
+                           int64_t ldp, float* out, const Ahead* ahead) {
   const float scale = 1.0f / std::sqrt((float)dh);
   float mx[G], inv[G];
   for (int h = 0; h < G; ++h) mx[h] = -INFINITY;
   const int64_t full = dh / 16 * 16;
   const __mmask16 tail = tail_mask(dh - full);
   for (int64_t j = 0; j < n; ++j) {  // scores: dot(q_h, k_j), each head's own 16-lane accumulator in order
+    if (ahead != nullptr) ahead->step(j);
     const float* kj = k + j * dh;
     __m512 acc[G];
     for (int h = 0; h < G; ++h) acc[h] = _mm512_setzero_ps();
@@ -79,17 +80,19 @@ inline void attend_group_t(const float* q, const float* k, const float* v, int64
   }
 }
 
-// `heads` query heads from q (heads, Dh) sharing k, v (n, Dh), up to 4 at a time; out (heads, Dh)
+// `heads` query heads from q (heads, Dh) sharing k, v (n, Dh), up to 4 at a time; out (heads, Dh); `ahead`
+// (if any) asked for over the first 4 heads' pass over the keys
 inline void attend_group(const float* q, int64_t heads, const float* k, const float* v, int64_t n, int64_t dh,
-                         float* p, int64_t ldp, float* out) {
+                         float* p, int64_t ldp, float* out, const Ahead* ahead = nullptr) {
   for (int64_t h = 0; h < heads; h += 4) {
     const float* qh = q + h * dh;
     float *ph = p + h * ldp, *oh = out + h * dh;
+    const Ahead* a = h == 0 ? ahead : nullptr;
     switch (std::min<int64_t>(4, heads - h)) {
-      case 4: attend_group_t<4>(qh, k, v, n, dh, ph, ldp, oh); break;
-      case 3: attend_group_t<3>(qh, k, v, n, dh, ph, ldp, oh); break;
-      case 2: attend_group_t<2>(qh, k, v, n, dh, ph, ldp, oh); break;
-      default: attend_group_t<1>(qh, k, v, n, dh, ph, ldp, oh); break;
+      case 4: attend_group_t<4>(qh, k, v, n, dh, ph, ldp, oh, a); break;
+      case 3: attend_group_t<3>(qh, k, v, n, dh, ph, ldp, oh, a); break;
+      case 2: attend_group_t<2>(qh, k, v, n, dh, ph, ldp, oh, a); break;
+      default: attend_group_t<1>(qh, k, v, n, dh, ph, ldp, oh, a); break;
     }
   }
 }

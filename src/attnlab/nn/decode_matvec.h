@@ -45,6 +45,10 @@ struct Tuning {                     // how products are run here (speed only: ev
   int64_t prefetch_f32 = 0;          // the same for fp32 tiles
   int64_t one_region = 1;            // 1: one parallel region per step (decode_team.h); 0: one per product
   int64_t prefetch_l2 = 0;           // 1: prefetch into L2 only (PREFETCHT1: more misses in flight), 0: into L1
+  int64_t prefetch_spread = 0;       // 1: a 16/8-row tile asks for the next one's lines a few per block while it
+                                     // runs (decode_ops.h Ahead); 0: all of them before it starts
+  int64_t prefetch_kv = 1;           // attention's next kv head's cache rows: 0 not prefetched, 1 all before this
+                                     // head's pass, 2 a few per key of it (fused_decode.cpp)
 };
 
 inline Tuning& tuning() {  // one instance in the extension (an inline function's static)
@@ -206,14 +210,16 @@ inline void f32_rows(const float* w, int64_t in, const float* x, int64_t rows, i
   }
 }
 
+inline bool kernel_tile(const Linear& l, const Tile& t) { return l.kind != F32 && l.tile > 0 && t.rows == l.tile; }
+
 template <int SCHEME>
-inline void quant_rows(const Linear& l, const Acts& a, const Tile& t, float* y, int64_t ldy) {
+inline void quant_rows(const Linear& l, const Acts& a, const Tile& t, float* y, int64_t ldy, const Ahead* ahead) {
   const int64_t nb = l.in / QK, row_bytes = SCHEME == Q8_0 ? l.in : l.in / 2;
-  if (l.tile > 0 && t.rows == l.tile) {
+  if (kernel_tile(l, t)) {
     const uint8_t* w = l.qsp + t.o * row_bytes;
     const at::Half* mT = l.mp == nullptr ? nullptr : l.mp + t.o * nb;
-    if (l.tile == 16) rows_tiled<SCHEME, 16>(w, l.dp + t.o * nb, mT, nb, a, t.o, y, ldy);
-    else rows_tiled<SCHEME, 8>(w, l.dp + t.o * nb, mT, nb, a, t.o, y, ldy);
+    if (l.tile == 16) rows_tiled<SCHEME, 16>(w, l.dp + t.o * nb, mT, nb, a, t.o, y, ldy, ahead);
+    else rows_tiled<SCHEME, 8>(w, l.dp + t.o * nb, mT, nb, a, t.o, y, ldy, ahead);
   } else if (t.rows == MR) rows_tile<SCHEME, MR>(l.qsp, l.dp, l.mp, row_bytes, nb, a, t.o, y, ldy);
   else rows_tile<SCHEME, 1>(l.qsp, l.dp, l.mp, row_bytes, nb, a, t.o, y, ldy);
 }
@@ -239,16 +245,20 @@ inline void product_tiles(const Group& g, const float* x, const Acts& a8, const 
     const Tile& t = g.tiles[i];
     const Linear& l = g.parts[t.part];
     const int64_t distance = l.kind == F32 ? tune.prefetch_f32 : tune.prefetch_q;
+    Ahead spread;  // the tile ahead's lines, asked for while this tile runs (prefetch_spread)
     if (distance > 0) {
       const int64_t ahead = std::max<int64_t>(1, (distance + t.bytes / 2) / t.bytes);
       if (i + ahead < t1) {
         const Tile& next = g.tiles[i + ahead];
-        if (tune.prefetch_l2) {
+        if (tune.prefetch_spread && kernel_tile(l, t)) {
+          spread = Ahead({{next.w, next.bytes}, {next.scales, next.scale_bytes}, {next.mins, next.scale_bytes}},
+                         l.in / QK, tune.prefetch_l2);
+        } else if (tune.prefetch_l2) {
           for (int64_t b = 0; b < next.bytes; b += 64) _mm_prefetch(next.w + b, _MM_HINT_T1);
         } else {
           for (int64_t b = 0; b < next.bytes; b += 64) _mm_prefetch(next.w + b, _MM_HINT_T0);
         }
-        for (int64_t b = 0; b < next.scale_bytes; b += 64) {
+        for (int64_t b = 0; spread.empty() && b < next.scale_bytes; b += 64) {
           _mm_prefetch(next.scales + b, _MM_HINT_T0);
           if (next.mins != nullptr) _mm_prefetch(next.mins + b, _MM_HINT_T0);
         }
@@ -256,9 +266,9 @@ inline void product_tiles(const Group& g, const float* x, const Acts& a8, const 
     }
     float* yp = y + l.offset;
     switch (l.kind) {
-      case Q8_0: quant_rows<Q8_0>(l, a8, t, yp, g.out); break;
-      case Q4_0: quant_rows<Q4_0>(l, a4, t, yp, g.out); break;
-      case Q4_1: quant_rows<Q4_1>(l, a4, t, yp, g.out); break;
+      case Q8_0: quant_rows<Q8_0>(l, a8, t, yp, g.out, spread.empty() ? nullptr : &spread); break;
+      case Q4_0: quant_rows<Q4_0>(l, a4, t, yp, g.out, spread.empty() ? nullptr : &spread); break;
+      case Q4_1: quant_rows<Q4_1>(l, a4, t, yp, g.out, spread.empty() ? nullptr : &spread); break;
       default:
         if (t.rows == MR) f32_rows<MR>(l.wp, l.in, x, rows, t.o, yp, g.out);
         else f32_rows<1>(l.wp, l.in, x, rows, t.o, yp, g.out);

@@ -13,6 +13,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
+#include <utility>
 
 namespace attnlab_decode {
 
@@ -141,6 +143,36 @@ __attribute__((always_inline)) inline __m512 exp16(__m512 x) {
 // Asks for the cache line at p (into L1): for walks the hardware prefetcher does not follow (the
 // Mamba kernels' rows at a stride of Di floats).
 inline void prefetch(const float* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
+
+// Memory further on, asked for a few lines per iteration of the loop that runs before it is read
+// instead of all at once (speed only): a burst of prefetches stalls the core once the misses in flight
+// fill its queues, where the same lines spread over the loop's iterations do not (decode_matvec.h
+// Tuning::prefetch_spread: the next weight tile over a 16-row tile's blocks; decode_attention.h: the
+// next kv head's cache rows over the keys). Up to three ranges, each spread evenly over `steps`
+// iterations, into L2 (l2) or L1.
+struct Ahead {
+  const char* p[3] = {nullptr, nullptr, nullptr};
+  int64_t bytes[3] = {0, 0, 0}, per_step[3] = {0, 0, 0};  // per_step: bytes asked for per iteration, whole lines
+  bool l2 = true;
+
+  Ahead() = default;
+  Ahead(std::initializer_list<std::pair<const void*, int64_t>> ranges, int64_t steps, bool to_l2) : l2(to_l2) {
+    int i = 0;
+    for (const auto& [at, n] : ranges) {
+      if (at == nullptr || n <= 0) continue;
+      p[i] = (const char*)at, bytes[i] = n, per_step[i] = (n / 64 + steps) / steps * 64;
+      ++i;
+    }
+  }
+  bool empty() const { return p[0] == nullptr; }
+  void step(int64_t s) const {
+    for (int i = 0; i < 3 && p[i] != nullptr; ++i)
+      for (int64_t at = s * per_step[i], end = std::min(bytes[i], at + per_step[i]); at < end; at += 64) {
+        if (l2) _mm_prefetch(p[i] + at, _MM_HINT_T1);
+        else _mm_prefetch(p[i] + at, _MM_HINT_T0);
+      }
+  }
+};
 
 inline __mmask16 lanes_from(int64_t i, int64_t n) { return n - i >= 16 ? (__mmask16)0xFFFF : tail_mask(n - i); }
 

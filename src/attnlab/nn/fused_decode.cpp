@@ -171,12 +171,18 @@ void DecodePlan::attention(const float* qkv, const float* kc, const float* vc, i
   const int64_t group = h_ / k_, n = (int64_t)rows.size(), width = (h_ + 2 * k_) * dh_, units = n * h_;
   auto base = [&](int64_t u) { return ((rows[u / h_] * k_ + u % h_ / group) * cap + firsts[u / h_]) * dh_; };
   auto length = [&](int64_t u) { return slots[u / h_] - firsts[u / h_] + 1; };
+  const int64_t kv_ahead = tuning().prefetch_kv;
   auto run = [&](int64_t u0, int64_t u1) {
     for (int64_t u = u0; u < u1;) {
       const int64_t i = u / h_, h = u % h_, end = std::min(u1, u - h % group + group);  // this kv head's heads
-      if (end < u1) prefetch_rows(kc + base(end), vc + base(end), length(end), dh_);
+      Ahead next;  // the next kv head's rows, as Tuning::prefetch_kv says
+      if (end < u1 && kv_ahead > 0) {
+        const int64_t bytes = length(end) * dh_ * 4;
+        if (kv_ahead == 2) next = Ahead({{kc + base(end), bytes}, {vc + base(end), bytes}}, length(u), true);
+        else prefetch_rows(kc + base(end), vc + base(end), length(end), dh_);
+      }
       attend_group(qkv + i * width + h * dh_, end - u, kc + base(u), vc + base(u), length(u), dh_,
-                   p_.data() + u * cap, cap, out + i * h_ * dh_ + h * dh_);
+                   p_.data() + u * cap, cap, out + i * h_ * dh_ + h * dh_, next.empty() ? nullptr : &next);
       u = end;
     }
   };

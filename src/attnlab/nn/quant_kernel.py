@@ -66,7 +66,8 @@ INSTRUCTION_SETS = {
 SIMDE_HEADER = "simde/x86/avx512.h"
 SIMDE_DIRS = ("/usr/include", "/usr/local/include")  # and $CPATH's, where the compiler looks too
 LDFLAGS = ["-fopenmp"]
-TUNING_FIELDS = ("parallel_bytes", "prefetch_q", "prefetch_f32", "one_region", "prefetch_l2")  # decode_matvec.h
+TUNING_FIELDS = ("parallel_bytes", "prefetch_q", "prefetch_f32", "one_region", "prefetch_l2", "prefetch_spread",
+                 "prefetch_kv")  # decode_matvec.h
 PREFILL_ROWS = 32    # from this many rows on, the bf16 GEMM route (module doc)
 FALLBACK_ROWS = 4096  # W rows dequantized at once by the fallback (bounds its fp32 temporary)
 _state: dict = {}

@@ -22,11 +22,15 @@
 
 #include <ATen/ATen.h>
 #include "simd_compat.h"
+#include <algorithm>
 #include <cstdint>
 
+#include "decode_ops.h"  // Ahead
 #include "quant_kernel.h"
 
 namespace attnlab_q8 {
+
+using attnlab_decode::Ahead;
 
 template <int T>
 struct Lanes;
@@ -76,15 +80,17 @@ struct Lanes<8> {  // 256-bit vectors (AVX512-VL encodings of the same instructi
 // y[r][o .. o+T) for the tile's T weight rows (bytes w, scales dT / mT) and N activation rows from r0
 template <int SCHEME, int T, int N>
 inline void tile_t(const uint8_t* w, const at::Half* dT, const at::Half* mT, int64_t nb, const Acts& a, int64_t o,
-                   int64_t r0, float* y, int64_t ldy) {
+                   int64_t r0, float* y, int64_t ldy, const Ahead* ahead) {
   using L = Lanes<T>;
   constexpr int K = SCHEME == Q8_0 ? 8 : 4;
   constexpr int64_t STEP = K * T * 4;  // bytes of one block of the tile
   const int64_t in = nb * QK;
-  typename L::F acc[N];
+  typename L::F acc[N];  // in registers: every loop over the N rows is unrolled (a rolled loop kept acc on the stack)
+#pragma GCC unroll 8
   for (int j = 0; j < N; ++j) acc[j] = L::fzero();
   const typename L::I nibble = L::bytes(0x0F);
   for (int64_t b = 0; b < nb; ++b) {
+    if (ahead != nullptr) ahead->step(b);
     const uint8_t* p = w + b * STEP;
     typename L::I v[8];  // paired with the activation block's dwords 0..7
     if (SCHEME == Q8_0) {
@@ -97,6 +103,7 @@ inline void tile_t(const uint8_t* w, const at::Half* dT, const at::Half* mT, int
     }
     const typename L::F dw = L::halves(dT + b * T);
     const typename L::F mw = SCHEME == Q4_1 ? L::halves(mT + b * T) : L::fzero();
+#pragma GCC unroll 8
     for (int j = 0; j < N; ++j) {
       const int64_t r = r0 + j;
       const int32_t* xr = (const int32_t*)(a.xs.data() + r * in + b * QK);
@@ -113,23 +120,26 @@ inline void tile_t(const uint8_t* w, const at::Half* dT, const at::Half* mT, int
       if (SCHEME == Q4_1) acc[j] = L::fma(mw, L::fset1(dx * (float)s), acc[j]);
     }
   }
+#pragma GCC unroll 8
   for (int j = 0; j < N; ++j) L::store(y + (r0 + j) * ldy + o, acc[j]);
 }
 
-// the tile's T weight rows from o against all a.rows activation rows, 8 at a time
+// the tile's T weight rows from o against all a.rows activation rows, 8 at a time (`ahead`, if any,
+// asked for during the first 8)
 template <int SCHEME, int T>
 inline void rows_tiled(const uint8_t* w, const at::Half* dT, const at::Half* mT, int64_t nb, const Acts& a,
-                       int64_t o, float* y, int64_t ldy) {
+                       int64_t o, float* y, int64_t ldy, const Ahead* ahead = nullptr) {
   int64_t r = 0;
-  for (; r + 8 <= a.rows; r += 8) tile_t<SCHEME, T, 8>(w, dT, mT, nb, a, o, r, y, ldy);
+  for (; r + 8 <= a.rows; r += 8) tile_t<SCHEME, T, 8>(w, dT, mT, nb, a, o, r, y, ldy, r == 0 ? ahead : nullptr);
+  const Ahead* rest = r == 0 ? ahead : nullptr;
   switch (a.rows - r) {
-    case 7: tile_t<SCHEME, T, 7>(w, dT, mT, nb, a, o, r, y, ldy); break;
-    case 6: tile_t<SCHEME, T, 6>(w, dT, mT, nb, a, o, r, y, ldy); break;
-    case 5: tile_t<SCHEME, T, 5>(w, dT, mT, nb, a, o, r, y, ldy); break;
-    case 4: tile_t<SCHEME, T, 4>(w, dT, mT, nb, a, o, r, y, ldy); break;
-    case 3: tile_t<SCHEME, T, 3>(w, dT, mT, nb, a, o, r, y, ldy); break;
-    case 2: tile_t<SCHEME, T, 2>(w, dT, mT, nb, a, o, r, y, ldy); break;
-    case 1: tile_t<SCHEME, T, 1>(w, dT, mT, nb, a, o, r, y, ldy); break;
+    case 7: tile_t<SCHEME, T, 7>(w, dT, mT, nb, a, o, r, y, ldy, rest); break;
+    case 6: tile_t<SCHEME, T, 6>(w, dT, mT, nb, a, o, r, y, ldy, rest); break;
+    case 5: tile_t<SCHEME, T, 5>(w, dT, mT, nb, a, o, r, y, ldy, rest); break;
+    case 4: tile_t<SCHEME, T, 4>(w, dT, mT, nb, a, o, r, y, ldy, rest); break;
+    case 3: tile_t<SCHEME, T, 3>(w, dT, mT, nb, a, o, r, y, ldy, rest); break;
+    case 2: tile_t<SCHEME, T, 2>(w, dT, mT, nb, a, o, r, y, ldy, rest); break;
+    case 1: tile_t<SCHEME, T, 1>(w, dT, mT, nb, a, o, r, y, ldy, rest); break;
     default: break;
   }
 }
