@@ -157,6 +157,7 @@ struct Ahead {
 
   Ahead() = default;
   Ahead(std::initializer_list<std::pair<const void*, int64_t>> ranges, int64_t steps, bool to_l2) : l2(to_l2) {
+    steps = std::max<int64_t>(steps, 1);
     int i = 0;
     for (const auto& [at, n] : ranges) {
       if (at == nullptr || n <= 0) continue;
