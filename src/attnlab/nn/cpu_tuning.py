@@ -34,10 +34,11 @@ Where a value came from (bench/decode_tuning.py runs the sweeps; the README keep
         Intel keeps ggml's rows, the form its figures were measured with, until the tiles are
         measured there.
         Spread prefetches (prefetch_spread 1, prefetch_kv 2): `python bench/decode_tuning.py --dtypes
-        auto q8_0 --context 200 --candidates '' prefetch_kv=0 prefetch_kv=2 prefetch_spread=1
-        prefetch_spread=1,prefetch_kv=0 prefetch_spread=1,prefetch_kv=2` (bench/results/
-        decode_tuning_spread_amd_epyc.json): the bursts stalled the step (perf: the samples on the
-        instruction after each prefetcht1); spread, B = 1 / 8 steps 1.0-1.16x / 1.12-1.2x faster. fp32
+        auto q8_0 --rounds 5 --steps 10 --context 200 --candidates '' prefetch_spread=0,prefetch_kv=1
+        prefetch_spread=0,prefetch_kv=0 prefetch_spread=0,prefetch_kv=2 prefetch_spread=1,prefetch_kv=1
+        prefetch_spread=1,prefetch_kv=0` (bench/results/decode_tuning_spread_amd_epyc.json): the bursts
+        stalled the step (perf: the samples on the instruction after each prefetcht1); spread, B = 1 / 8
+        steps 1.11-1.15x / 1.16-1.23x faster than the bursts. fp32
         keeps its burst (spread or none: 1.2x slower at B = 1, bandwidth-bound). Intel keeps the bursts
         (not measured there).
 The chosen values are printed in every bench JSON (`chosen()`), ATTNLAB_CPU_TUNING=intel|amd
