@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import sys
 import time
@@ -158,7 +159,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     assert kernel() == "cpp", "needs the C++ extension"
-    result = {"bench": "decode_tuning", "command": " ".join(["python"] + sys.argv), "context": args.context,
+    result = {"bench": "decode_tuning", "command": shlex.join(["python"] + sys.argv), "context": args.context,
               "host": host(args.threads), "chosen": cpu_tuning.chosen(True),
               "fork_join_us": fork_join_us(), "sweeps": {}, "one_thread_stream_gb_s": {}}
     for dtype in args.dtypes:
