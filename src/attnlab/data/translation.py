@@ -61,6 +61,10 @@ class ParallelCorpus:
         return cls([ids[:max_len] for ids in tokenizer.encode_batch(src)],
                    [ids[:max_len - 1] for ids in tokenizer.encode_batch(tgt)])
 
+    def row_tokens(self) -> list[int]:
+        """Each pair's padded length in a batch: max(S, T + 1) (the target gains <bos> / <eos>)."""
+        return [max(len(s), len(t) + 1) for s, t in zip(self.src, self.tgt)]
+
     def target_tokens(self) -> int:
         """Target tokens the model predicts in one epoch (each target + <eos>)."""
         return sum(len(t) + 1 for t in self.tgt)
@@ -80,9 +84,10 @@ def token_batches(corpus: ParallelCorpus, batch_tokens: int, seed: int) -> list[
     order = list(range(len(corpus)))
     rng.shuffle(order)
     order.sort(key=lambda i: (len(corpus.tgt[i]), len(corpus.src[i])))
+    sizes = corpus.row_tokens()
     batches, current, longest = [], [], 0
     for i in order:
-        size = max(len(corpus.src[i]), len(corpus.tgt[i]) + 1)
+        size = sizes[i]
         if current and (len(current) + 1) * max(longest, size) > batch_tokens:
             batches.append(current)
             current, longest = [], 0

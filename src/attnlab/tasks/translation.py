@@ -15,6 +15,7 @@ import sacrebleu
 import torch
 
 from attnlab.config import Config, check, check_literals
+from attnlab.data.rampup import rampup_batches
 from attnlab.data.translation import ParallelCorpus, collate, pad_batch, read_parallel, token_batches
 from attnlab.errors import UserError
 from attnlab.generate import beam_search, greedy_decode
@@ -43,6 +44,9 @@ class TranslationDataConfig(Config):
     max_len: int = 128                # longer training pairs are truncated to this many tokens
     test_split: Literal["test_2016_flickr"] = "test_2016_flickr"  # the split `evaluate --split test` reads
     batch_tokens: int = 4000          # padded tokens per batch (length-bucketed batches, paper §5.1)
+    batch_tokens_start: int = 0       # batch-size warm-up (data/rampup.py): the run's first batch holds at most
+    # this many padded tokens, the cap growing linearly to batch_tokens over its first batch_rampup batches
+    batch_rampup: int = 0             # batches the ramp lasts (within the first epoch); 0 = every batch full size
     label_smoothing: float = 0.1      # ε_ls of the loss (paper §5.4)
     eval_bleu_sentences: int = 500    # validation sentences decoded (greedy) for BLEU at each evaluation
     best_metric: Literal["val_bleu", "val_loss"] = "val_bleu"  # what picks the kept weights: that greedy
@@ -59,6 +63,13 @@ class TranslationDataConfig(Config):
         check(self.max_len >= 2, "max_len", ">= 2", self.max_len)
         for name in ("batch_tokens", "eval_bleu_sentences"):
             check(getattr(self, name) > 0, name, "> 0", getattr(self, name))
+        check(self.batch_rampup >= 0, "batch_rampup", ">= 0", self.batch_rampup)
+        if self.batch_rampup:
+            check(0 < self.batch_tokens_start <= self.batch_tokens, "batch_tokens_start",
+                  f"in 1..batch_tokens={self.batch_tokens} when batch_rampup > 0", self.batch_tokens_start)
+        else:
+            check(self.batch_tokens_start == 0, "batch_tokens_start", "0 when batch_rampup is 0 (no ramp)",
+                  self.batch_tokens_start)
         check(0.0 <= self.label_smoothing < 1.0, "label_smoothing", "in [0, 1)", self.label_smoothing)
         check(1 <= self.beam_size <= 64, "beam_size", "in 1..64", self.beam_size)
         check(self.length_penalty >= 0, "length_penalty", ">= 0", self.length_penalty)
@@ -149,7 +160,13 @@ class TranslationObjective:
         self.higher_is_better = data_cfg.best_metric == "val_bleu"
 
     def batches(self, epoch: int) -> list[list[int]]:
-        return token_batches(self.train, self.data_cfg.batch_tokens, seed=mix_seed(self.seed, epoch))
+        """The batches of `epoch`: token_batches, the first epoch's first ones cut to the batch-size
+        warm-up (data_cfg.batch_tokens_start, batch_rampup; data/rampup.py)."""
+        cfg = self.data_cfg
+        batches = token_batches(self.train, cfg.batch_tokens, seed=mix_seed(self.seed, epoch))
+        if epoch > 0 or not cfg.batch_rampup:
+            return batches
+        return rampup_batches(batches, self.train.row_tokens(), cfg.batch_tokens_start, cfg.batch_tokens, cfg.batch_rampup)
 
     def batch_rows(self, batch: list[int]) -> int:
         return len(batch)
