@@ -84,8 +84,8 @@ def steady_run(cfg, n_steps, d_model=256):
 
 def test_the_10_minute_recipe_on_2_cores_is_unchanged_and_short_budgets_reach_their_peak():
     """multi30k-en-de keeps its tuned 10-minute schedule (cosine over the minutes, peak 3e-3 since the
-    bf16 steps, warm-up 200 steps, 3,000-token batches) for the 370–660 steps that 2 cores fit in 10
-    minutes; a 2-minute run on one thread (54 steps) used to end at 54/200 of its warm-up and now
+    bf16 steps, warm-up 300 steps since the batch warm-up, 3,000-token batches) for runs of 546 steps
+    or more (300 / 0.55; 2 cores fit 600–930 in 10 minutes); a 2-minute run on one thread (54 steps) used to end at 54/200 of its warm-up and now
     peaks at ~40% of it."""
     from dataclasses import replace
 
@@ -93,10 +93,11 @@ def test_the_10_minute_recipe_on_2_cores_is_unchanged_and_short_budgets_reach_th
     recipe = get_recipe("multi30k-en-de")
     cfg = recipe.train
     assert (cfg.lr_schedule, cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.minutes, cfg.average_last) == \
-        ("cosine", 3e-3, 0.0, 200, 10.0, 0)
+        ("cosine", 3e-3, 0.0, 300, 10.0, 0)
     assert recipe.data.batch_tokens == 3000 and cfg.warmup_ratio == 0.55
+    assert (recipe.data.batch_tokens_start, recipe.data.batch_rampup) == (1000, 200)
     before = replace(cfg, warmup_ratio=0.0)
-    for n_steps in (364, 370, 424, 530, 661, 1000):
+    for n_steps in (546, 600, 661, 932, 1000):
         assert steady_run(cfg, n_steps) == steady_run(before, n_steps)
     short, old = steady_run(cfg, 54), steady_run(before, 54)
     assert max(old) < 0.2 * cfg.lr  # the old warm-up: 54 of 200 steps, under a decaying cosine
