@@ -66,7 +66,8 @@ class TranslationDataConfig(Config):
         check(self.batch_rampup >= 0, "batch_rampup", ">= 0", self.batch_rampup)
         if self.batch_rampup:
             check(0 < self.batch_tokens_start <= self.batch_tokens, "batch_tokens_start",
-                  f"in 1..batch_tokens={self.batch_tokens} when batch_rampup > 0", self.batch_tokens_start)
+                  f"in 1..batch_tokens={self.batch_tokens} when batch_rampup={self.batch_rampup} > 0 (or set "
+                  f"batch_rampup=0: no batch warm-up)", self.batch_tokens_start)
         else:
             check(self.batch_tokens_start == 0, "batch_tokens_start", "0 when batch_rampup is 0 (no ramp)",
                   self.batch_tokens_start)
