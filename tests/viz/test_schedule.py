@@ -23,7 +23,8 @@ def test_a_cosine_over_the_minutes_budget_is_drawn_over_equal_steps():
     c = schedule.lr_curve("multi30k-en-de", steps=500)
     cfg = get_recipe("multi30k-en-de").train
     assert c.schedule == "cosine" and c.warmup_steps == cfg.warmup_steps and len(c.steps) == 500
-    expected = [budget_cosine_lr(int(s), (int(s) - 1) / 500, cfg.lr, cfg.min_lr, cfg.warmup_steps) for s in c.steps]
+    expected = [budget_cosine_lr(int(s), (int(s) - 1) / 500, cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.warmup_ratio)
+                for s in c.steps]  # 500 steps: the warm-up ends at 55% of the budget (275 < 300 steps)
     np.testing.assert_allclose(c.lr, expected, rtol=1e-12)
     assert c.settings["decay_steps"] == "10 min" and c.lr[-1] < 1e-2 * cfg.lr
 
