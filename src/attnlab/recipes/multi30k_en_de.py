@@ -28,7 +28,7 @@ BLEU (31.02 / 30.16 / 29.87 against 30.70 / 29.85 / 29.52: the demo runs at 16dd
 Shorter budgets: the warm-up is 200 steps (300 since the batch warm-up, below) or 55% of the minutes budget, whichever ends first
 (warmup_ratio; optim.budget_warmup). At 2 cores the 10 minutes hold 370–530 steps, so step 200
 comes before 55% of the budget and the run is exactly the one tuned above (a steady run of N steps
-is unchanged for N >= 200 / 0.55 ≈ 364); a 2- or 4-minute run on one thread (~54 or ~98 steps)
+is unchanged for N >= 200 / 0.55 ≈ 364; with the 300-step warm-up, N >= 546); a 2- or 4-minute run on one thread (~54 or ~98 steps)
 used to spend its whole budget warming up (the peak never reached, test BLEU 0.06 at 2 minutes)
 and now rises to ~1e-3 at ~40% of it and decays, the shape of the 10-minute schedule. Measured at
 fixed steps with the clock replayed (bench/translation_sweep.py --clock-steps, whole validation
