@@ -57,8 +57,9 @@ validation loss): the recipe before, 31.01 / 28.45, 2.476 (638 steps) and 31.28 
 second beside the recipe's 651-step run. At 2,000 tokens the 3e-3 peak gave 31.02 / 29.45, 2.401
 and 2e-3 31.06 / 29.48, 2.454; 2,500 tokens at 2.5e-3 29.92 / 29.17, 2.545 (in a slower round, 711
 steps); 1,500 tokens (3e-3) 30.41 / 27.32, 2.479; the 3,000-token recipe with a 4e-3 peak 30.01 /
-26.84, 2.526, with Adam's β2 0.95 30.60 / 28.21, 2.522. One seed each; runs of one setting on
-the real clock differ by ~0.02 nats and ~0.9 BLEU.
+26.84, 2.526, with Adam's β2 0.95 30.60 / 28.21, 2.522. Seeds 1 and 2 of the recipe, side by
+side: 31.76 / 29.98, 2.427 (866 steps) and 31.69 / 28.55, 2.418 (874). Runs of one setting on the
+real clock differ by ~0.02 nats and ~0.9 BLEU.
 
 The kept weights are those of the lowest validation loss (best_metric="val_loss", the whole
 split's NLL), not of the best greedy BLEU on 300 validation sentences: in the 10-minute demo run of
