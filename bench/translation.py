@@ -12,8 +12,15 @@ half its 2-thread speed). The host (lscpu's model name and flags) and its measur
 JSON, so runs on different hosts compare at equal steps as well as at equal time. With --plot FILE
 it also draws the BLEU curves (needs matplotlib).
 
+--clock-scale F emulates a host F times slower than this one in every part of the run (steps,
+evaluations, checkpoints): the budget's clock reads F × the real seconds, so the learning-rate
+schedule, the warm-up and the end of the run fall where that host's would (F < 1: a faster host).
+The JSON's steps, BLEU and tgt_tokens_per_s are the emulated host's; tgt_tokens_per_s_in_steps and
+the seconds of evaluations and checkpoints are this host's (the budget's train_steps_s: the
+emulated clock's total less those).
+
     python bench/translation.py --minutes 10 [2 4 ...] [--peer [--concurrent]] [--set key=value ...]
-        [--out DIR] [--plot FILE]
+        [--out DIR] [--plot FILE] [--clock-scale F]
 """
 from __future__ import annotations
 
@@ -21,6 +28,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -32,6 +40,7 @@ from attnlab.models.seq2seq import Seq2SeqConfig
 from attnlab.recipes import get_recipe
 from attnlab.tasks.registry import get_task
 from attnlab.tokenizers import ByteLevelBPE
+from attnlab.train.loop import Trainer
 
 
 def forward_flops(cfg: Seq2SeqConfig, b: int, s: int, t: int, n_labels: int) -> float:
@@ -70,6 +79,15 @@ def budget_record(minutes: float, summary: dict, records: list[dict]) -> dict:
                             for r in records if "val_bleu" in r and "eval_s" in r]}
 
 
+def scale_clock(factor: float) -> None:
+    """Make every Trainer's clock run `factor` times as fast as the real one (a bench-only stand-in for
+    a host `factor` times slower: the seconds of steps, evaluations and checkpoints all count
+    `factor` times against the budget). Raises ValueError unless factor > 0."""
+    if not factor > 0:
+        raise ValueError(f"--clock-scale must be > 0, got {factor}")
+    Trainer.elapsed = lambda self: self.state.elapsed_s + factor * (time.perf_counter() - self._clock)
+
+
 def run_ours(recipe, out: Path, resume: bool, limit: int | None = None) -> dict:
     """Train `recipe` into `out`, then test BLEU with beam 4 and greedy (on the first `limit` test
     sentences when given): the bench's record of ours."""
@@ -106,9 +124,17 @@ def main() -> None:
     ap.add_argument("--plot", help="write the BLEU-vs-time curves to this PNG")
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--limit", type=int, help="score only the first N test sentences (a quick check of the bench)")
+    ap.add_argument("--clock-scale", type=float, default=1.0,
+                    help="emulate a host this many times slower (the budget's clock reads F × real seconds)")
     args = ap.parse_args()
     if args.concurrent and not args.peer:
         ap.error("--concurrent needs --peer")
+    if args.clock_scale <= 0:
+        ap.error(f"--clock-scale must be > 0, got {args.clock_scale}")
+    if args.clock_scale != 1.0:
+        if args.peer:
+            ap.error("--clock-scale emulates a host for ours only; leave out --peer")
+        scale_clock(args.clock_scale)
     peaks = machine_peaks()
     cpus = sorted(os.sched_getaffinity(0))
     if args.concurrent:
@@ -120,7 +146,8 @@ def main() -> None:
               "test_sentences": args.limit or "all",
               "mode": "concurrent: ours and the peer at the same time, 1 thread and 1 CPU each" if args.concurrent
               else "sequential: ours, then the peer, each with the machine's threads",
-              "host": lscpu(), "machine": peaks, "threads": torch.get_num_threads(), "runs": []}
+              "host": lscpu(), "machine": peaks, "threads": torch.get_num_threads(), "clock_scale": args.clock_scale,
+              "runs": []}
     for minutes in args.minutes:
         out = Path(args.out) if len(args.minutes) == 1 else Path(f"{args.out}-{minutes:g}min")
         recipe = get_recipe("multi30k-en-de").with_overrides(args.set + [f"minutes={minutes}", "max_steps=none"])
