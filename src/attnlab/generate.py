@@ -250,8 +250,8 @@ def _window_logits(model, sequences: list[list[int]], window: int | None, device
 @torch.no_grad()
 def generate(model, prompts: list[list[int]], max_new_tokens: int = 128, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None, stop_tokens: list[int] | None = None,
-             seed: int | None = None, use_cache: bool = True, on_token=None, engine: str = "auto"
-             ) -> list[list[int]]:
+             seed: int | None = None, use_cache: bool = True, on_token=None, engine: str = "auto",
+             kv_dtype: str = "auto") -> list[list[int]]:
     """Autoregressive generation for a decoder-only model (models.gpt.GPT, models.mamba.Mamba),
     batched, of any length.
 
@@ -277,11 +277,13 @@ def generate(model, prompts: list[list[int]], max_new_tokens: int = 128, tempera
         use_cache: decode with an engine's caches (True) or recompute the window at every step (False).
         on_token: called as on_token(row, token_id) for each generated token, as it is chosen.
         engine: "auto" (choose_engine's rule), "fused-cpp" or "reference" (engines/choose.py).
+        kv_dtype: the fused engine's KV cache dtype: "auto" (fp16 for block-quantized weights, else
+            fp32), "fp32" or "fp16" (engines/fused.py cache_dtype).
     Returns:
         B lists of new token ids.
     Raises:
         ValueError: for an empty prompt list or prompt, max_new_tokens < 1, an invalid sampling
-            argument, or an engine that does not run this model.
+            argument, an engine that does not run this model, or a kv_dtype it does not take.
     Source: Karpathy's nanoGPT, model.py GPT.generate ("if the sequence context is growing too long
         we must crop it at block_size"), used by its sample.py.
     """
@@ -300,7 +302,7 @@ def generate(model, prompts: list[list[int]], max_new_tokens: int = 128, tempera
     decoder = None
     if use_cache:
         longest = max(map(len, sequences)) + max_new_tokens
-        decoder = choose_engine(model, b, longest if window is None else min(longest, window), engine)
+        decoder = choose_engine(model, b, longest if window is None else min(longest, window), engine, kv_dtype)
         logits = decoder.prefill(range(b), sequences)  # (B, V)
     else:
         logits = _window_logits(model, sequences, window, device)

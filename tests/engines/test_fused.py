@@ -71,7 +71,7 @@ def feed(engine, prompt: list[int], rest: list[int]) -> tuple[torch.Tensor, list
 def test_fused_steps_equal_the_reference(dtype, tied):
     model = tiny(dtype, tie_embeddings=tied)
     ids = torch.randint(0, 96, (14,)).tolist()
-    fused, fused_kv = feed(FusedEngine(model, 1, 32), ids[:5], ids[5:])
+    fused, fused_kv = feed(FusedEngine(model, 1, 32, kv_dtype="fp32"), ids[:5], ids[5:])
     ref, ref_kv = feed(ReferenceEngine(model, 1, 32), ids[:5], ids[5:])
     assert_close(fused, ref, dtype)
     for a, b in zip(fused_kv, ref_kv):
@@ -163,7 +163,7 @@ def test_prefill_of_a_rolling_cache_equals_the_reference(dtype):
 def test_greedy_generation_is_identical(dtype, tied):
     model = tiny(dtype, tie_embeddings=tied)
     batch = [[3, 14, 15, 92, 65], [2, 7]]
-    fused = generate(model, batch, 20, stop_tokens=[], engine="fused-cpp")
+    fused = generate(model, batch, 20, stop_tokens=[], engine="fused-cpp", kv_dtype="fp32")
     assert generate(model, batch, 20, stop_tokens=[], engine="reference") == fused
     assert len(set(fused[0])) > 3 and len(set(fused[1])) > 3  # varied tokens: a real comparison
 
@@ -179,11 +179,11 @@ def test_windows_and_biases(dtype, overrides):
             if p.dim() == 1 and not torch.all(p == 1):  # the biases (norm gains stay 1)
                 p.normal_(0, 0.5)
     ids = torch.randint(0, 96, (30,)).tolist()  # 30 positions: a window-4 cache of 8 rolls
-    fused, _ = feed(FusedEngine(model, 1, 64), ids[:5], ids[5:])
+    fused, _ = feed(FusedEngine(model, 1, 64, kv_dtype="fp32"), ids[:5], ids[5:])
     ref, _ = feed(ReferenceEngine(model, 1, 64), ids[:5], ids[5:])
     assert_close(fused, ref, dtype)
     batch = [[5, 6, 7], [1, 2, 3, 4, 5, 6, 7, 8, 9]]
-    tokens = generate(model, batch, 24, stop_tokens=[], engine="fused-cpp")
+    tokens = generate(model, batch, 24, stop_tokens=[], engine="fused-cpp", kv_dtype="fp32")
     assert generate(model, batch, 24, stop_tokens=[], engine="reference") == tokens
 
 

@@ -14,7 +14,7 @@ from attnlab.cli.args import (beam, check_text, nonnegative_float, positive_int,
 from attnlab.cli.decode_stats import DecodeStats
 from attnlab.convert import convert
 from attnlab.embed import embed
-from attnlab.engines import ENGINES, engine_name
+from attnlab.engines import ENGINES, KV_DTYPE_NAMES, engine_name
 from attnlab.errors import UserError
 from attnlab.generate import check_context, generate
 from attnlab.interop.gguf_write import GGUF_OUT_TYPES
@@ -59,10 +59,10 @@ def cmd_generate(args) -> None:
             raise UserError(f"--prompt {p!r} has no character the model's tokenizer knows")
     max_new = 200 if args.max_new_tokens is None else args.max_new_tokens
     check_context(model, max(map(len, ids)), max_new)  # before any output
-    engine_name(model, args.engine)  # before any output: an engine asked for by name that does not run the model
+    engine_name(model, args.engine, args.kv_dtype)  # before any output: an engine asked for by name that does not run the model
     kwargs = dict(max_new_tokens=max_new, temperature=args.temperature, top_k=args.top_k,
                   top_p=args.top_p, seed=args.seed, use_cache=not args.no_cache,
-                  stop_tokens=[] if args.ignore_eos else None, engine=args.engine)
+                  stop_tokens=[] if args.ignore_eos else None, engine=args.engine, kv_dtype=args.kv_dtype)
     stats = DecodeStats(sum(map(len, ids))) if args.stats else None
     if len(prompts) == 1:  # stream the text as it is generated
         stream = TextStream(tokenizer, _write)
@@ -172,6 +172,8 @@ def add_model_parsers(sub) -> None:
                    "(timed in the process, loading left out, as llama.cpp's CLI prints them)")
     g.add_argument("--engine", choices=ENGINES, default="auto", help="decode engine: auto (the fused C++ step "
                    "where it runs the model, else the reference), fused-cpp, reference (the model's own forward)")
+    g.add_argument("--kv-dtype", choices=KV_DTYPE_NAMES, default="auto", help="the fused engine's KV cache dtype: auto (fp16 for block-quantized weights, as llama.cpp's "
+                   "default cache; else fp32), fp32, fp16")
     dtype_arg(g)
     g.set_defaults(func=cmd_generate)
 

@@ -11,7 +11,7 @@ import os
 import torch
 
 from attnlab.cli.args import nonnegative_float, positive_int
-from attnlab.engines import ENGINES
+from attnlab.engines import ENGINES, KV_DTYPE_NAMES
 from attnlab.errors import UserError
 from attnlab.nn.quant_linear import DTYPES
 
@@ -39,7 +39,7 @@ def cmd_serve(args) -> None:
         torch.set_num_threads(args.threads)
     serve(ServeConfig(model=args.model, dtype=args.dtype, embed_model=args.embed_model, host=args.host,
                       port=args.port, max_batch=args.max_batch, max_queue=args.max_queue, ctx_size=args.ctx_size,
-                      engine=args.engine,
+                      engine=args.engine, kv_dtype=args.kv_dtype,
                       api_key=args.api_key or os.environ.get("ATTNLAB_API_KEY") or None,
                       drain_seconds=args.drain_seconds))
 
@@ -59,6 +59,8 @@ def add_serve_parser(sub) -> None:
                    "(default: the model's context, at most 2048)")
     s.add_argument("--engine", choices=ENGINES, default="auto", help="decode engine: auto (the fused C++ step "
                    "where it runs the model, else the reference), fused-cpp, reference (the model's own forward)")
+    s.add_argument("--kv-dtype", choices=KV_DTYPE_NAMES, default="auto", help="the fused engine's KV cache dtype: auto (fp16 for block-quantized weights, as llama.cpp's "
+                   "default cache; else fp32), fp32, fp16")
     s.add_argument("--api-key", help="require `Authorization: Bearer KEY` on /v1 routes (default: "
                    "$ATTNLAB_API_KEY, else no key)")
     s.add_argument("--threads", type=positive_int, help="torch threads (default: torch's, all cores)")

@@ -21,6 +21,13 @@ reference engine's (engines/reference.py); choose.py picks.
               per-slot caches (engines/slots.py): each sequence's keys at its own slot, its own
               position, its own visible range (a sliding window).
 
+Caches (`kv_dtype`): fp32, or fp16 as llama.cpp's default f16 cache, half the bytes that attention
+reads per step (at B = 8 most of a step's memory traffic past the weights: bench/inference.py).
+"auto" takes fp16 for a model with block-quantized matrices (whose int8 activations already round
+more than fp16 keys and values do) where the C++ prefill runs, fp32 otherwise (fp32 weights keep the
+1e-5 agreement with the reference, which holds its caches in the model's dtype). A key or value is
+rounded to fp16 once, when written; attention reads it back exactly and computes in fp32.
+
 Exactness (tests/engines/test_fused.py): a sequence's logits do not depend on the other sequences
 of the step (bit for bit: each output is summed in one order whatever N and the threads); against
 the reference they agree within 1e-5 of the largest logit in fp32, and within QUANT_BOUND quantized:
@@ -35,12 +42,37 @@ from typing import Sequence
 import torch
 
 from attnlab.engines.reference import ReferenceEngine
+from attnlab.errors import UserError
 from attnlab.nn import quant_kernel
 from attnlab.nn.fused_decode import FusedDecoder, NotSupported
+from attnlab.nn.quant_linear import QuantLinear
 
+KV_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}  # the caches' dtypes (module doc)
+KV_DTYPE_NAMES = ("auto", *KV_DTYPES)
 QUANT_BOUND = 1e-1  # of the largest |logit|: fused against reference, quantized (module doc; SmolLM2: ≤ 0.06)
 PREFILL_CHUNK = 128  # prompt tokens per C++ call (its scratch grows with chunk × cache capacity)
 PREFILL_INSTRUCTION_SETS = ("avx512",)  # builds of the extension whose C++ prefill runs (module doc)
+
+
+def cache_dtype(model, kv_dtype: str = "auto") -> str:
+    """The KV cache dtype the fused engine uses for `model`: "fp32" or "fp16" (module doc).
+
+    "auto": fp16 when some matrix of the model is block-quantized and the C++ prefill runs here
+    (PREFILL_INSTRUCTION_SETS; the other builds prefill with the model's forward, which reads fp32
+    caches), else fp32.
+    Raises:
+        UserError (a ValueError): kv_dtype not one of KV_DTYPE_NAMES, or fp16 where the C++ prefill does not run.
+    """
+    if kv_dtype not in KV_DTYPE_NAMES:
+        raise UserError(f"kv_dtype={kv_dtype!r} is not one of {', '.join(KV_DTYPE_NAMES)}", param="kv_dtype")
+    prefill_here = quant_kernel.built_for() in PREFILL_INSTRUCTION_SETS
+    if kv_dtype == "fp16" and not prefill_here:
+        raise UserError(f"kv_dtype='fp16' needs the C++ prefill (an {'/'.join(PREFILL_INSTRUCTION_SETS)} build of "
+                        f"the extension; this one is {quant_kernel.built_for()})", param="kv_dtype")
+    if kv_dtype != "auto":
+        return kv_dtype
+    quantized = any(isinstance(m, QuantLinear) for m in model.modules())
+    return "fp16" if quantized and prefill_here else "fp32"
 
 
 def _decoder(model) -> FusedDecoder:
@@ -62,19 +94,24 @@ class FusedEngine(ReferenceEngine):
 
     Args:
         model: a GPT that the step runs (module doc). max_batch: slots. max_len: positions per slot.
+        kv_dtype: the caches' dtype, "auto", "fp32" or "fp16" (module doc; `cache_dtype`).
     Raises:
         NotSupported (a ValueError): the model is not one the step runs, naming why.
-        ValueError: as ReferenceEngine.
+        ValueError: as ReferenceEngine; a kv_dtype not allowed here (`cache_dtype`).
     """
 
     name = "fused-cpp"
 
-    def __init__(self, model, max_batch: int, max_len: int):
+    def __init__(self, model, max_batch: int, max_len: int, kv_dtype: str = "auto"):
         self.decoder = _decoder(model)
+        self.kv_dtype = cache_dtype(model, kv_dtype)
         super().__init__(model, max_batch, max_len)
-        if self.caches.k[0].dtype != torch.float32:
-            raise NotSupported(f"{self.caches.k[0].dtype} activations (the fused step runs fp32)")
         self.window = model.cfg.sliding_window
+
+    def _cache_dtype(self, p: torch.Tensor) -> torch.dtype:
+        if p.is_floating_point() and p.dtype != torch.float32:
+            raise NotSupported(f"{p.dtype} activations (the fused step runs fp32)")
+        return KV_DTYPES[self.kv_dtype]
 
     @staticmethod
     def unsupported(model) -> str | None:

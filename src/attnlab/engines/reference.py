@@ -47,9 +47,12 @@ class ReferenceEngine:
             self.caches, self.states = None, SlotStates(model, max_batch)
         else:
             cfg, p = model.cfg, next(model.parameters())
-            dtype = p.dtype if p.is_floating_point() else torch.float32
             self.caches, self.states = SlotCaches(cfg.n_layers, max_batch, cfg.kv_heads, max_len, cfg.head_dim,
-                                                  cfg.sliding_window, dtype, p.device), None
+                                                  cfg.sliding_window, self._cache_dtype(p), p.device), None
+
+    def _cache_dtype(self, p: torch.Tensor) -> torch.dtype:
+        """The dtype of the per-slot caches: the model's (its first parameter's; fp32 for integer ones)."""
+        return p.dtype if p.is_floating_point() else torch.float32
 
     @property
     def device(self) -> torch.device:

@@ -4,7 +4,9 @@
 //
 // Shapes: N sequences, D model dim, H query heads, K kv heads, Dh head dim, F FFN hidden size,
 // V vocabulary, S cache rows (slots), C cache capacity; x (N, D); q (H·Dh), k, v (K·Dh) per sequence;
-// caches (S, K, C, Dh) fp32 per layer, sequence n in row rows[n], written in place.
+// caches (S, K, C, Dh) per layer, fp32 or fp16 (every layer's the same: fp16 halves attention's memory
+// traffic, as llama.cpp's default f16 cache; k and v are rounded to nearest when written), sequence n
+// in row rows[n], written in place.
 // Per layer and sequence (models/gpt.py, nn/blocks.py with Pre-LN; every op in fp32):
 //   h = RMSNorm(x) · g_attn                    x / sqrt(mean(x²) + ε), then the gain (nn/norm.py)
 //   [q | k | v] = W_qkv h (+ b)                decode_matvec.h: one pass over the threads
@@ -115,10 +117,12 @@ class DecodePlan : public torch::CustomClassHolder {
     return g;
   }
   void embed(int64_t token, float* x) const;
-  void attention(const float* qkv, const float* kc, const float* vc, int64_t cap, const std::vector<int64_t>& rows,
+  template <class KV>
+  void attention(const float* qkv, const KV* kc, const KV* vc, int64_t cap, const std::vector<int64_t>& rows,
                  const std::vector<int64_t>& slots, const std::vector<int64_t>& firsts, float* out, const Team& team);
+  template <class KV>
   void rope_and_cache(float* qkv, int64_t n, const float* cos, const float* sin, const std::vector<int64_t>& positions,
-                      const std::vector<int64_t>& rows, const std::vector<int64_t>& slots, float* kc, float* vc,
+                      const std::vector<int64_t>& rows, const std::vector<int64_t>& slots, KV* kc, KV* vc,
                       int64_t cap) const;
 
   int64_t d_, h_, k_, dh_, f_ = 0;
@@ -165,7 +169,8 @@ void DecodePlan::embed(int64_t token, float* x) const {
 // the same split at every call with these lengths; within it, the heads of one kv head go through one
 // pass over its k, v (decode_attention.h: each head's arithmetic its own), the next kv head's rows
 // prefetched meanwhile.
-void DecodePlan::attention(const float* qkv, const float* kc, const float* vc, int64_t cap,
+template <class KV>
+void DecodePlan::attention(const float* qkv, const KV* kc, const KV* vc, int64_t cap,
                            const std::vector<int64_t>& rows, const std::vector<int64_t>& slots,
                            const std::vector<int64_t>& firsts, float* out, const Team& team) {
   const int64_t group = h_ / k_, n = (int64_t)rows.size(), width = (h_ + 2 * k_) * dh_, units = n * h_;
@@ -177,7 +182,7 @@ void DecodePlan::attention(const float* qkv, const float* kc, const float* vc, i
       const int64_t i = u / h_, h = u % h_, end = std::min(u1, u - h % group + group);  // this kv head's heads
       Ahead next;  // the next kv head's rows, as Tuning::prefetch_kv says
       if (end < u1 && kv_ahead > 0) {
-        const int64_t bytes = length(end) * dh_ * 4;
+        const int64_t bytes = length(end) * dh_ * (int64_t)sizeof(KV);
         if (kv_ahead == 2) next = Ahead({{kc + base(end), bytes}, {vc + base(end), bytes}}, length(u), true);
         else prefetch_rows(kc + base(end), vc + base(end), length(end), dh_);
       }
@@ -209,9 +214,11 @@ void DecodePlan::attention(const float* qkv, const float* kc, const float* vc, i
 }
 
 // q and k of each sequence rotated at its position (cos, sin: (P, Dh)); its k, v written at its slot
+// (an fp16 cache: each rounded to nearest even, as Tensor.half())
+template <class KV>
 void DecodePlan::rope_and_cache(float* qkv, int64_t n, const float* cos, const float* sin,
                                 const std::vector<int64_t>& positions, const std::vector<int64_t>& rows,
-                                const std::vector<int64_t>& slots, float* kc, float* vc, int64_t cap) const {
+                                const std::vector<int64_t>& slots, KV* kc, KV* vc, int64_t cap) const {
   const int64_t width = (h_ + 2 * k_) * dh_;
   for (int64_t i = 0; i < n; ++i) {
     float *q = qkv + i * width, *k = q + h_ * dh_, *v = k + k_ * dh_;
@@ -219,8 +226,7 @@ void DecodePlan::rope_and_cache(float* qkv, int64_t n, const float* cos, const f
     rope(k, k_, dh_, cos + positions[i] * dh_, sin + positions[i] * dh_);
     for (int64_t g = 0; g < k_; ++g) {
       const int64_t at_slot = ((rows[i] * k_ + g) * cap + slots[i]) * dh_;
-      std::copy(k + g * dh_, k + (g + 1) * dh_, kc + at_slot);
-      std::copy(v + g * dh_, v + (g + 1) * dh_, vc + at_slot);
+      for (int64_t e = 0; e < dh_; ++e) kc[at_slot + e] = (KV)k[g * dh_ + e], vc[at_slot + e] = (KV)v[g * dh_ + e];
     }
   }
 }
@@ -238,11 +244,14 @@ at::Tensor DecodePlan::step(std::vector<int64_t> tokens, std::vector<int64_t> po
               "cos and sin must be contiguous (P, Dh) float32");
   TORCH_CHECK(k_caches.size() == layers_.size() && v_caches.size() == layers_.size(), "one k and v cache per layer");
   const int64_t n_rows = k_caches[0].size(0), cap = k_caches[0].size(2);
+  const at::ScalarType cache_type = k_caches[0].scalar_type();
+  TORCH_CHECK(cache_type == at::kFloat || cache_type == at::kHalf, "caches must be float32 or float16");
   for (size_t i = 0; i < layers_.size(); ++i)
     for (const at::Tensor& c : {k_caches[i], v_caches[i]})
       TORCH_CHECK(c.dim() == 4 && c.size(0) == n_rows && c.size(1) == k_ && c.size(2) == cap && c.size(3) == dh_ &&
-                  c.scalar_type() == at::kFloat && c.is_contiguous() && c.is_cpu(),
-                  "caches must be contiguous (S, K, C, Dh) float32 CPU tensors of one shape");
+                  c.scalar_type() == cache_type && c.is_contiguous() && c.is_cpu(),
+                  "caches must be contiguous (S, K, C, Dh) CPU tensors of one shape and one dtype");
+  const bool half = cache_type == at::kHalf;
   std::vector<std::pair<int64_t, int64_t>> places;
   for (int64_t i = 0; i < n; ++i) {
     TORCH_CHECK(tokens[i] >= 0 && tokens[i] < embed_.out, "token ", tokens[i], " is outside the vocabulary of ",
@@ -268,13 +277,20 @@ at::Tensor DecodePlan::step(std::vector<int64_t> tokens, std::vector<int64_t> po
     for (int64_t i = 0; i < n; ++i) embed(tokens[i], x + i * d_);
     for (size_t li = 0; li < layers_.size(); ++li) {
       const Layer& l = layers_[li];
-      float *kc = k_caches[li].data_ptr<float>(), *vc = v_caches[li].data_ptr<float>();
       for (int64_t i = 0; i < n; ++i) rmsnorm(x + i * d_, l.attn_norm.data_ptr<float>(), d_, l.attn_eps, h + i * d_);
       matvec(l.qkv, h, n, qkv, sc.a8, sc.a4, team);
       team.sync();
-      if (team.leader()) rope_and_cache(qkv, n, cs, sn, positions, rows, slots, kc, vc, cap);
-      team.sync();
-      attention(qkv, kc, vc, cap, rows, slots, firsts, att, team);
+      if (half) {
+        at::Half *kc = k_caches[li].data_ptr<at::Half>(), *vc = v_caches[li].data_ptr<at::Half>();
+        if (team.leader()) rope_and_cache(qkv, n, cs, sn, positions, rows, slots, kc, vc, cap);
+        team.sync();
+        attention<at::Half>(qkv, kc, vc, cap, rows, slots, firsts, att, team);
+      } else {
+        float *kc = k_caches[li].data_ptr<float>(), *vc = v_caches[li].data_ptr<float>();
+        if (team.leader()) rope_and_cache(qkv, n, cs, sn, positions, rows, slots, kc, vc, cap);
+        team.sync();
+        attention<float>(qkv, kc, vc, cap, rows, slots, firsts, att, team);
+      }
       team.sync();
       matvec(l.o, att, n, y, sc.a8, sc.a4, team);
       team.sync();

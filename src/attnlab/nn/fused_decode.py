@@ -163,7 +163,8 @@ class FusedDecoder:
                 ((row, slot) pairs distinct). firsts: the oldest visible slot of that row (a sliding
                 window), <= slot; an entry sees its row's slots firsts .. slot, the earlier entries of
                 the chunk among them.
-            k_caches, v_caches: one (S, K, C, Dh) fp32 contiguous CPU tensor per layer, written in place.
+            k_caches, v_caches: one (S, K, C, Dh) contiguous CPU tensor per layer, written in place,
+                all fp32 or all fp16 (keys and values rounded to nearest when written).
             last_only: compute the logits of the last entry only (a prefill chunk).
         Returns:
             (N, V) fp32 logits of each entry's next token, or (1, V) with last_only.

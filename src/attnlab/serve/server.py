@@ -41,6 +41,7 @@ class ServeConfig:
     max_queue: int = 64               # requests that may wait for a slot (429 beyond)
     ctx_size: int | None = None       # positions per slot (default: the model's context, at most DEFAULT_CTX)
     engine: str = "auto"              # engines.ENGINES: auto (the fused C++ step where it runs), fused-cpp, reference
+    kv_dtype: str = "auto"            # the fused engine's KV cache: auto (fp16 for quantized weights), fp32, fp16
     api_key: str | None = None        # required on /v1 routes as `Authorization: Bearer KEY`
     drain_seconds: float = 30.0       # after SIGTERM, how long requests in flight may go on
     max_body: int = 4 << 20           # bytes (413 beyond)
@@ -62,14 +63,14 @@ class ServeConfig:
                             param=("model", "embed_model"))
 
 
-def make_engine(model, max_batch: int, ctx_size: int | None, engine: str = "auto"):
+def make_engine(model, max_batch: int, ctx_size: int | None, engine: str = "auto", kv_dtype: str = "auto"):
     """The decode engine of `model` (engines.choose_engine: the fused C++ step where it runs, else
     the reference) with max_batch slots of ctx_size positions (default: the model's context, at
     most DEFAULT_CTX)."""
     limit = context_limit(model)
     if ctx_size is None:
         ctx_size = DEFAULT_CTX if limit is None else min(limit, DEFAULT_CTX)
-    return choose_engine(model, max_batch, ctx_size, engine)
+    return choose_engine(model, max_batch, ctx_size, engine, kv_dtype)
 
 
 def require_servable(loaded, name: str):
@@ -91,7 +92,7 @@ def build_state(cfg: ServeConfig) -> ServerState:
     lm = None
     if cfg.model is not None:
         loaded = require_servable(load_causal_lm(cfg.model, cfg.dtype), cfg.model)
-        engine = make_engine(loaded.model, cfg.max_batch, cfg.ctx_size, cfg.engine)
+        engine = make_engine(loaded.model, cfg.max_batch, cfg.ctx_size, cfg.engine, cfg.kv_dtype)
         scheduler = Scheduler(engine, cfg.max_queue, metrics)
         scheduler.start()
         lm = LanguageModel(loaded, scheduler, cfg.model)
