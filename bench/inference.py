@@ -12,7 +12,9 @@ our loaded tensors, llama.cpp's file). Ours runs generate() (what `attnlab gener
 engine choose_engine picks, named in the JSON); llama.cpp runs at its defaults where they work
 (_llamacpp.probe_defaults, in a subprocess: the JSON says which).
 Batched: B prompts of lengths 64, 60, 56, ... decoded together, 64 tokens each (--batch-repeats
-runs, median): tokens/s = B · 63 / (last step − first step), and its ratio to B = 1.
+runs, median): tokens/s = B · 63 / (last step − first step), and its ratio to B = 1; per KV cache
+dtype (--kv-dtypes, interleaved; the default "auto" is what generate() takes: fp16 caches for
+quantized weights), with fp16's ratio to fp32 when both run.
 --cli: also `attnlab generate --ignore-eos --stats` at each precision (the same prompt text and token
 count; the CLI's own decode timing, its streaming to stdout included; median of 3 processes), against
 this bench's median.
@@ -20,7 +22,8 @@ Prints one JSON line with the host (lscpu model name, flags, threads, bandwidth,
 per-machine tuning (nn/cpu_tuning.py, the quantized weights' tile per format included) and the tiles
 the loaded weights are in (weight_tiles).
 
-    python bench/inference.py [--pairs 5] [--threads 2] [--batches 1 4 8 16] [--cli] [--out FILE]
+    python bench/inference.py [--pairs 5] [--threads 2] [--batches 1 4 8 16] [--kv-dtypes fp32 fp16] [--cli]
+                              [--out FILE]
 """
 from __future__ import annotations
 
@@ -38,7 +41,8 @@ import _llamacpp as peer
 import torch
 from _common import SHARED, host
 
-from attnlab.engines import engine_name
+from attnlab.engines import KV_DTYPE_NAMES, engine_name
+from attnlab.engines.fused import cache_dtype
 from attnlab.generate import generate
 from attnlab.jsonfile import write_json_atomic
 from attnlab.load import load_causal_lm
@@ -56,11 +60,11 @@ def prompt_ids(tokenizer, n: int) -> list[int]:
     return tokenizer.encode(text)[:n]
 
 
-def ours_once(model, prompts: list[list[int]], new: int) -> dict:
+def ours_once(model, prompts: list[list[int]], new: int, kv_dtype: str = "auto") -> dict:
     """One generate() of `prompts` (greedy, `new` tokens each): prefill and decode tok/s, tokens."""
     stamps: list[float] = []
     t0 = time.perf_counter()
-    out = generate(model, prompts, new, stop_tokens=[],
+    out = generate(model, prompts, new, stop_tokens=[], kv_dtype=kv_dtype,
                    on_token=lambda row, token: stamps.append(time.perf_counter()) if row == 0 else None)
     return {"prefill_tok_s": sum(map(len, prompts)) / (stamps[0] - t0),
             "decode_tok_s": len(prompts) * (len(stamps) - 1) / (stamps[-1] - stamps[0]), "tokens": out[0]}
@@ -89,7 +93,7 @@ def pairs(model, llm, ids, new, n, bandwidth, ours_bytes, peer_bytes) -> dict:
     for _ in range(n):
         ours_runs.append(ours_once(model, [ids], new))
         peer_runs.append(peer_once(llm, ids, new))
-    out = {"ours_engine": engine_name(model), "greedy_tokens_equal": ours_runs[0]["tokens"] == peer_runs[0]["tokens"]}
+    out = {"ours_engine": engine_name(model), "ours_kv_dtype": cache_dtype(model), "greedy_tokens_equal": ours_runs[0]["tokens"] == peer_runs[0]["tokens"]}
     for k in ("decode_tok_s", "prefill_tok_s"):
         ours, theirs = [r[k] for r in ours_runs], [r[k] for r in peer_runs]
         out[k] = {"ours": spread(ours), "llama.cpp": spread(theirs),
@@ -102,14 +106,26 @@ def pairs(model, llm, ids, new, n, bandwidth, ours_bytes, peer_bytes) -> dict:
     return out
 
 
-def batched(model, ids, new, batches, repeats) -> dict:
-    rates = {b: [] for b in batches}
-    for _ in range(repeats):  # interleaved over B
-        for b in batches:
-            rates[b].append(ours_once(model, [ids[:len(ids) - 4 * i] for i in range(b)], new)["decode_tok_s"])
-    base = statistics.median(rates[batches[0]])
-    return {str(b): {"decode_tok_s": spread(r), f"vs_B{batches[0]}": round(statistics.median(r) / base, 2)}
-            for b, r in rates.items()}
+def batched(model, ids, new, batches, repeats, kv_dtypes=("auto",)) -> dict:
+    """Decode tok/s per KV cache dtype and B (runs interleaved over both), each B's ratio to the first
+    B; with fp32 and fp16 both, also fp16's ratio to fp32 per B. Keys: the kv dtypes as given, "auto"
+    as auto=<the dtype it took>."""
+    rates = {(kv, b): [] for kv in kv_dtypes for b in batches}
+    for _ in range(repeats):
+        for kv in kv_dtypes:
+            for b in batches:
+                prompts = [ids[:len(ids) - 4 * i] for i in range(b)]
+                rates[kv, b].append(ours_once(model, prompts, new, kv)["decode_tok_s"])
+    out = {}
+    for kv in kv_dtypes:
+        base = statistics.median(rates[kv, batches[0]])
+        label = f"auto={cache_dtype(model)}" if kv == "auto" else kv
+        out[label] = {str(b): {"decode_tok_s": spread(rates[kv, b]),
+                               f"vs_B{batches[0]}": round(statistics.median(rates[kv, b]) / base, 2)} for b in batches}
+    if {"fp32", "fp16"} <= set(kv_dtypes):
+        out["fp16_vs_fp32"] = {str(b): round(statistics.median(rates["fp16", b]) / statistics.median(rates["fp32", b]), 3)
+                               for b in batches}
+    return out
 
 
 def cli_rate(dtype: str, threads: int, prompt: str, new: int, runs: int = 3) -> float:
@@ -137,6 +153,8 @@ def main() -> None:
     ap.add_argument("--precisions", nargs="+", choices=list(PRECISIONS), default=["fp32", "q8_0", "q4_1"])
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 8, 16])
     ap.add_argument("--batch-repeats", type=int, default=3)
+    ap.add_argument("--kv-dtypes", nargs="+", choices=list(KV_DTYPE_NAMES), default=["auto"],
+                    help="KV cache dtypes of the batched runs, interleaved (auto: fp16 for quantized weights)")
     ap.add_argument("--cli", action="store_true", help="also time `attnlab generate` (adds about a minute)")
     ap.add_argument("--out", help="also write the JSON here")
     args = ap.parse_args()
@@ -161,7 +179,8 @@ def main() -> None:
                 model.model, llm, ids, args.new_tokens, args.pairs, machine.get("bandwidth_gbs", 0) * 1e9,
                 quantized_bytes(model.model), peer.file_bytes(path))}
             del llm
-        result["batched"][name] = batched(model.model, ids, args.new_tokens, args.batches, args.batch_repeats)
+        result["batched"][name] = batched(model.model, ids, args.new_tokens, args.batches, args.batch_repeats,
+                                          args.kv_dtypes)
         if args.cli:
             rate = cli_rate(dtype, args.threads, model.tokenizer.decode(ids), args.new_tokens)
             bench_rate = result["precisions"].get(name, {}).get("decode_tok_s", {}).get("ours", {}).get("median")
