@@ -8,10 +8,9 @@ the fused C++ step (nn/fused_decode.py); choose.py the rule that picks one (choo
 """
 from attnlab.engines.base import DecodeEngine
 from attnlab.engines.choose import ENGINES, choose_engine, engine_name
-from attnlab.engines.fused import KV_DTYPE_NAMES
-from attnlab.engines.fused import FusedEngine
+from attnlab.engines.fused import KV_DTYPE_NAMES, FusedEngine
 from attnlab.engines.reference import ReferenceEngine
 from attnlab.engines.slots import context_limit
 
-__all__ = ["DecodeEngine", "ENGINES", "FusedEngine", "KV_DTYPE_NAMES", "ReferenceEngine", "choose_engine", "context_limit",
-           "engine_name"]
+__all__ = ["DecodeEngine", "ENGINES", "FusedEngine", "KV_DTYPE_NAMES", "ReferenceEngine", "choose_engine",
+           "context_limit", "engine_name"]

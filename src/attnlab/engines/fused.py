@@ -21,8 +21,9 @@ reference engine's (engines/reference.py); choose.py picks.
               per-slot caches (engines/slots.py): each sequence's keys at its own slot, its own
               position, its own visible range (a sliding window).
 
-Caches (`kv_dtype`): fp32, or fp16 as llama.cpp's default f16 cache, half the bytes that attention
-reads per step (at B = 8 most of a step's memory traffic past the weights: bench/inference.py).
+Caches (`kv_dtype`): fp32, or fp16 as llama.cpp's default f16 cache: half the memory per slot and
+half the bytes attention reads per step, which bound a batched step at long contexts (SmolLM2 at
+B = 8 reads 368 KB of fp32 keys and values per position; bench/inference.py --kv-dtypes).
 "auto" takes fp16 for a model with block-quantized matrices (whose int8 activations already round
 more than fp16 keys and values do) where the C++ prefill runs, fp32 otherwise (fp32 weights keep the
 1e-5 agreement with the reference, which holds its caches in the model's dtype). A key or value is

@@ -29,6 +29,15 @@ namespace attnlab_decode {
 inline __m512 load_row(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
 inline __m512 load_row(const at::Half* p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
 
+// dst (n) = src (n) as the cache's dtype: fp32 copied, fp16 rounded to nearest even (as Tensor.half())
+inline void store_row(float* dst, const float* src, int64_t n) { std::copy(src, src + n, dst); }
+inline void store_row(at::Half* dst, const float* src, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)  // F16C (every build of the extension has it)
+    _mm_storeu_si128((__m128i*)(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+  for (; i < n; ++i) dst[i] = at::Half(src[i]);  // the same rounding
+}
+
 // four 16-lane sums at once, each added in _mm512_reduce_add_ps's tree (halves of 256, 128, then pairs
 // of lanes: the same additions, so the same bits as reducing each alone): sum of a in lane 0, b in 4,
 // c in 8, d in 12
@@ -36,8 +45,8 @@ inline __m512 reduce_add4(__m512 a, __m512 b, __m512 c, __m512 d) {
   const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
   const __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xEE));
   const __m512 s = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
-  const __m512 t = _mm512_add_ps(s, _mm512_permute_ps(s, 0x4E));
-  return _mm512_add_ps(t, _mm512_permute_ps(t, 0xB1));
+  const __m512 t = _mm512_add_ps(s, _mm512_shuffle_ps(s, s, 0x4E));
+  return _mm512_add_ps(t, _mm512_shuffle_ps(t, t, 0xB1));
 }
 
 // G ≤ 4 heads from q against k, v (n, Dh): as attend_head per head (module doc). Scores four keys at a

@@ -121,7 +121,8 @@ class DecodePlan : public torch::CustomClassHolder {
   void attention(const float* qkv, const KV* kc, const KV* vc, int64_t cap, const std::vector<int64_t>& rows,
                  const std::vector<int64_t>& slots, const std::vector<int64_t>& firsts, float* out, const Team& team);
   template <class KV>
-  void rope_and_cache(float* qkv, int64_t n, const float* cos, const float* sin, const std::vector<int64_t>& positions,
+  void rope_and_cache(float* qkv, int64_t i0, int64_t i1, const float* cos, const float* sin,
+                      const std::vector<int64_t>& positions,
                       const std::vector<int64_t>& rows, const std::vector<int64_t>& slots, KV* kc, KV* vc,
                       int64_t cap) const;
 
@@ -213,20 +214,22 @@ void DecodePlan::attention(const float* qkv, const KV* kc, const KV* vc, int64_t
   if (u0 < u1) run(u0, u1);
 }
 
-// q and k of each sequence rotated at its position (cos, sin: (P, Dh)); its k, v written at its slot
-// (an fp16 cache: each rounded to nearest even, as Tensor.half())
+// q and k of entries i0 .. i1 − 1 rotated at their positions (cos, sin: (P, Dh)); their k, v written at
+// their slots (an fp16 cache: each rounded to nearest even, as Tensor.half()). Each entry's own rows
+// only: the members of a team take shares of the entries.
 template <class KV>
-void DecodePlan::rope_and_cache(float* qkv, int64_t n, const float* cos, const float* sin,
+void DecodePlan::rope_and_cache(float* qkv, int64_t i0, int64_t i1, const float* cos, const float* sin,
                                 const std::vector<int64_t>& positions, const std::vector<int64_t>& rows,
                                 const std::vector<int64_t>& slots, KV* kc, KV* vc, int64_t cap) const {
   const int64_t width = (h_ + 2 * k_) * dh_;
-  for (int64_t i = 0; i < n; ++i) {
+  for (int64_t i = i0; i < i1; ++i) {
     float *q = qkv + i * width, *k = q + h_ * dh_, *v = k + k_ * dh_;
     rope(q, h_, dh_, cos + positions[i] * dh_, sin + positions[i] * dh_);
     rope(k, k_, dh_, cos + positions[i] * dh_, sin + positions[i] * dh_);
     for (int64_t g = 0; g < k_; ++g) {
       const int64_t at_slot = ((rows[i] * k_ + g) * cap + slots[i]) * dh_;
-      for (int64_t e = 0; e < dh_; ++e) kc[at_slot + e] = (KV)k[g * dh_ + e], vc[at_slot + e] = (KV)v[g * dh_ + e];
+      store_row(kc + at_slot, k + g * dh_, dh_);
+      store_row(vc + at_slot, v + g * dh_, dh_);
     }
   }
 }
@@ -273,6 +276,7 @@ at::Tensor DecodePlan::step(std::vector<int64_t> tokens, std::vector<int64_t> po
   float *qkv = qkv_.data(), *att = att_.data(), *y = y_.data(), *gu = gu_.data();
   run_team([&](const Team& team) {
     Scratch& sc = scratch_[team.tid];
+    const std::pair<int64_t, int64_t> entries = team.share(n, 1);  // rope_and_cache's
     float *x = sc.x.data(), *h = sc.h.data();
     for (int64_t i = 0; i < n; ++i) embed(tokens[i], x + i * d_);
     for (size_t li = 0; li < layers_.size(); ++li) {
@@ -282,12 +286,12 @@ at::Tensor DecodePlan::step(std::vector<int64_t> tokens, std::vector<int64_t> po
       team.sync();
       if (half) {
         at::Half *kc = k_caches[li].data_ptr<at::Half>(), *vc = v_caches[li].data_ptr<at::Half>();
-        if (team.leader()) rope_and_cache(qkv, n, cs, sn, positions, rows, slots, kc, vc, cap);
+        rope_and_cache(qkv, entries.first, entries.second, cs, sn, positions, rows, slots, kc, vc, cap);
         team.sync();
         attention<at::Half>(qkv, kc, vc, cap, rows, slots, firsts, att, team);
       } else {
         float *kc = k_caches[li].data_ptr<float>(), *vc = v_caches[li].data_ptr<float>();
-        if (team.leader()) rope_and_cache(qkv, n, cs, sn, positions, rows, slots, kc, vc, cap);
+        rope_and_cache(qkv, entries.first, entries.second, cs, sn, positions, rows, slots, kc, vc, cap);
         team.sync();
         attention<float>(qkv, kc, vc, cap, rows, slots, firsts, att, team);
       }
