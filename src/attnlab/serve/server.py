@@ -105,7 +105,8 @@ def describe(state: ServerState, url: str) -> str:
     parts = []
     if state.lm is not None:
         e = state.lm.scheduler.engine
-        parts.append(f"{state.lm.name} (engine {e.name}, {e.max_batch} slots x {e.max_len} positions)")
+        cache = f", {e.kv_dtype} KV cache" if getattr(e, "kv_dtype", None) else ""  # the fused engine's choice
+        parts.append(f"{state.lm.name} (engine {e.name}, {e.max_batch} slots x {e.max_len} positions{cache})")
     if state.embedder is not None:
         parts.append(f"embeddings {state.embed_name}")
     return f"attnlab serve: listening on {url} serving {'; '.join(parts)} ({torch.get_num_threads()} threads)"
