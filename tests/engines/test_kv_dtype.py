@@ -37,9 +37,11 @@ def test_auto_takes_fp16_for_quantized_weights_only(dtype, expected):
     assert all(c.dtype == fused_engine.KV_DTYPES[expected] for c in engine.caches.k + engine.caches.v)
 
 
-@pytest.mark.parametrize("dtype", ["fp32", "q8_0", "q4_0", "q4_1"])
-def test_an_fp16_cache_holds_the_fp32_caches_keys_rounded(dtype):
-    model = tiny(dtype)
+@pytest.mark.parametrize("dtype, sizes", [("fp32", {}), ("q8_0", {}), ("q4_0", {}), ("q4_1", {}),
+                                          ("fp32", dict(d_model=80, n_heads=4))],  # head_dim 20: 8-lane stores + a tail
+                         ids=["fp32", "q8_0", "q4_0", "q4_1", "fp32-head_dim20"])
+def test_an_fp16_cache_holds_the_fp32_caches_keys_rounded(dtype, sizes):
+    model = tiny(dtype, **sizes)
     ids = torch.randint(0, 96, (40,)).tolist()
     full, full_kv = feed(FusedEngine(model, 1, 48, kv_dtype="fp32"), ids[:9], ids[9:])
     half, half_kv = feed(FusedEngine(model, 1, 48, kv_dtype="fp16"), ids[:9], ids[9:])
