@@ -93,7 +93,8 @@ def pairs(model, llm, ids, new, n, bandwidth, ours_bytes, peer_bytes) -> dict:
     for _ in range(n):
         ours_runs.append(ours_once(model, [ids], new))
         peer_runs.append(peer_once(llm, ids, new))
-    out = {"ours_engine": engine_name(model), "ours_kv_dtype": cache_dtype(model), "greedy_tokens_equal": ours_runs[0]["tokens"] == peer_runs[0]["tokens"]}
+    out = {"ours_engine": engine_name(model), "ours_kv_dtype": cache_dtype(model),
+           "greedy_tokens_equal": ours_runs[0]["tokens"] == peer_runs[0]["tokens"]}
     for k in ("decode_tok_s", "prefill_tok_s"):
         ours, theirs = [r[k] for r in ours_runs], [r[k] for r in peer_runs]
         out[k] = {"ours": spread(ours), "llama.cpp": spread(theirs),
@@ -123,8 +124,8 @@ def batched(model, ids, new, batches, repeats, kv_dtypes=("auto",)) -> dict:
         out[label] = {str(b): {"decode_tok_s": spread(rates[kv, b]),
                                f"vs_B{batches[0]}": round(statistics.median(rates[kv, b]) / base, 2)} for b in batches}
     if {"fp32", "fp16"} <= set(kv_dtypes):
-        out["fp16_vs_fp32"] = {str(b): round(statistics.median(rates["fp16", b]) / statistics.median(rates["fp32", b]), 3)
-                               for b in batches}
+        median = {key: statistics.median(r) for key, r in rates.items()}
+        out["fp16_vs_fp32"] = {str(b): round(median["fp16", b] / median["fp32", b], 3) for b in batches}
     return out
 
 

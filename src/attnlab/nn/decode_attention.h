@@ -4,12 +4,12 @@
 // Shapes: q (G, Dh) and out (G, Dh), head h at h·Dh; k, v (n, Dh) of one kv head, contiguous; p: scratch,
 // head h's n scores at p + h·ldp. k and v are fp32, or fp16 (a half-size cache: each element widened
 // exactly to fp32 when read); all arithmetic is fp32.
-// Each head's arithmetic is attend_head's (the same dot products, max, exp, sum and p·v additions in
-// the same order), so a head's result does not depend on how many heads are taken together; the G
-// heads only share the loads of each k_j and v_j (one pass over the kv head's cache instead of G).
-// In a batched step the kv head's rows are the per-sequence cache's, read once per step from memory
-// (SmolLM2-135M at B = 8: ~22 MB of fp32 k and v per step at 60 positions, more than L2), so the caller prefetches the next
-// group's rows while this one runs (`prefetch_rows`).
+// Each head's arithmetic is its own (the same dot products, max, exp, sum and p·v additions in the
+// same order whatever G), so a head's result does not depend on how many heads are taken together;
+// the G heads only share the loads of each k_j and v_j (one pass over the kv head's cache instead of
+// G). In a batched step the kv head's rows are the per-sequence cache's, read once per step from
+// memory (SmolLM2-135M at B = 8: 368 KB of fp32 k and v per position, ~22 MB per step at 60
+// positions, more than L2), so the caller prefetches the next group's rows while this one runs.
 // Source: Vaswani et al. 2017 eq. (1); Ainslie et al. 2023 (GQA); llama.cpp's flash-attention CPU path
 // reads each kv row once for the heads of its group in the same way.
 #pragma once
@@ -49,7 +49,7 @@ inline __m512 reduce_add4(__m512 a, __m512 b, __m512 c, __m512 d) {
   return _mm512_add_ps(t, _mm512_shuffle_ps(t, t, 0xB1));
 }
 
-// G ≤ 4 heads from q against k, v (n, Dh): as attend_head per head (module doc). Scores four keys at a
+// G ≤ 4 heads from q against k, v (n, Dh), each head's arithmetic its own (module doc). Scores four keys at a
 // time (4·G accumulators, one per (head, key), each summed over Dh in order, then reduce_add4); p·v
 // from the normalized probabilities p·(1/Σ), each 16-lane chunk of Dh summed over the keys in order.
 template <int G, class KV>
@@ -164,7 +164,8 @@ inline void attend_group(const float* q, int64_t heads, const KV* k, const KV* v
 template <class KV>
 inline void prefetch_rows(const KV* k, const KV* v, int64_t n, int64_t dh) {
   const char *kb = (const char*)k, *vb = (const char*)v;
-  for (int64_t b = 0; b < n * dh * (int64_t)sizeof(KV); b += 64) _mm_prefetch(kb + b, _MM_HINT_T1), _mm_prefetch(vb + b, _MM_HINT_T1);
+  for (int64_t b = 0; b < n * dh * (int64_t)sizeof(KV); b += 64)
+    _mm_prefetch(kb + b, _MM_HINT_T1), _mm_prefetch(vb + b, _MM_HINT_T1);
 }
 
 }  // namespace attnlab_decode
