@@ -6,7 +6,9 @@ everywhere except attention (the embedding, RMSNorm's sum, the int8 kernel, RoPE
 same Sleef exp), so a token into an empty cache gives bit-identical logits and layer 0's keys and
 values are bit-identical at every step; past one position an activation lying within attention's
 rounding of an int8 step boundary can round to the other step (a "flip", ~5 % of random tiny models),
-so quantized logits are held to QUANT_BOUND, greedy tokens to equality. A batched step gives each
+so quantized logits are held to QUANT_BOUND, greedy tokens to equality. These comparisons with
+the reference ask for fp32 caches (kv_dtype="fp32"; "auto" takes fp16 for quantized weights, whose
+own properties tests/engines/test_kv_dtype.py states). A batched step gives each
 sequence exactly (bit for bit) what its batch-1 step gives. The C++ prefill is tested on either build
 of the extension (an AVX2 build runs the model's forward instead: tested to be the reference's bits).
 """
