@@ -25,10 +25,13 @@ def engine_name(model, engine: str = "auto", kv_dtype: str = "auto") -> str:
     """
     if engine not in ENGINES:
         raise UserError(f"engine={engine!r} is not one of {', '.join(ENGINES)}", param="engine")
-    reason = "asked for" if engine == ReferenceEngine.name else FusedEngine.unsupported(model)
-    if reason is not None and engine == FusedEngine.name:
-        raise UserError(f"engine='fused-cpp' does not run this model: {reason}", param="engine")
-    if reason is None:
+    fused = False
+    if engine != ReferenceEngine.name:
+        reason = FusedEngine.unsupported(model)
+        if reason is not None and engine == FusedEngine.name:
+            raise UserError(f"engine='fused-cpp' does not run this model: {reason}", param="engine")
+        fused = reason is None
+    if fused:
         cache_dtype(model, kv_dtype)  # raises for a kv_dtype the fused engine does not take here
         return FusedEngine.name
     if kv_dtype != "auto":

@@ -122,9 +122,8 @@ class DecodePlan : public torch::CustomClassHolder {
                  const std::vector<int64_t>& slots, const std::vector<int64_t>& firsts, float* out, const Team& team);
   template <class KV>
   void rope_and_cache(float* qkv, int64_t i0, int64_t i1, const float* cos, const float* sin,
-                      const std::vector<int64_t>& positions,
-                      const std::vector<int64_t>& rows, const std::vector<int64_t>& slots, KV* kc, KV* vc,
-                      int64_t cap) const;
+                      const std::vector<int64_t>& positions, const std::vector<int64_t>& rows,
+                      const std::vector<int64_t>& slots, KV* kc, KV* vc, int64_t cap) const;
 
   int64_t d_, h_, k_, dh_, f_ = 0;
   std::vector<Linear> linears_;
@@ -284,17 +283,13 @@ at::Tensor DecodePlan::step(std::vector<int64_t> tokens, std::vector<int64_t> po
       for (int64_t i = 0; i < n; ++i) rmsnorm(x + i * d_, l.attn_norm.data_ptr<float>(), d_, l.attn_eps, h + i * d_);
       matvec(l.qkv, h, n, qkv, sc.a8, sc.a4, team);
       team.sync();
-      if (half) {
-        at::Half *kc = k_caches[li].data_ptr<at::Half>(), *vc = v_caches[li].data_ptr<at::Half>();
+      auto rope_attend = [&](auto* kc, auto* vc) {  // the layer's caches as fp32 or fp16 (KV)
         rope_and_cache(qkv, entries.first, entries.second, cs, sn, positions, rows, slots, kc, vc, cap);
         team.sync();
-        attention<at::Half>(qkv, kc, vc, cap, rows, slots, firsts, att, team);
-      } else {
-        float *kc = k_caches[li].data_ptr<float>(), *vc = v_caches[li].data_ptr<float>();
-        rope_and_cache(qkv, entries.first, entries.second, cs, sn, positions, rows, slots, kc, vc, cap);
-        team.sync();
-        attention<float>(qkv, kc, vc, cap, rows, slots, firsts, att, team);
-      }
+        attention(qkv, kc, vc, cap, rows, slots, firsts, att, team);
+      };
+      if (half) rope_attend(k_caches[li].data_ptr<at::Half>(), v_caches[li].data_ptr<at::Half>());
+      else rope_attend(k_caches[li].data_ptr<float>(), v_caches[li].data_ptr<float>());
       team.sync();
       matvec(l.o, att, n, y, sc.a8, sc.a4, team);
       team.sync();
