@@ -59,7 +59,8 @@ def cmd_generate(args) -> None:
             raise UserError(f"--prompt {p!r} has no character the model's tokenizer knows")
     max_new = 200 if args.max_new_tokens is None else args.max_new_tokens
     check_context(model, max(map(len, ids)), max_new)  # before any output
-    engine_name(model, args.engine, args.kv_dtype)  # before any output: an engine asked for by name that does not run the model
+    # before any output: an engine asked for by name that does not run the model, or a kv_dtype it refuses
+    engine_name(model, args.engine, args.kv_dtype)
     kwargs = dict(max_new_tokens=max_new, temperature=args.temperature, top_k=args.top_k,
                   top_p=args.top_p, seed=args.seed, use_cache=not args.no_cache,
                   stop_tokens=[] if args.ignore_eos else None, engine=args.engine, kv_dtype=args.kv_dtype)
@@ -131,6 +132,15 @@ def cmd_convert(args) -> None:
     print(json.dumps(convert(args.source, args.out_dir, args.quantize)))
 
 
+def engine_args(p) -> None:
+    """--engine and --kv-dtype on a command that decodes with an engine (generate, serve)."""
+    p.add_argument("--engine", choices=ENGINES, default="auto", help="decode engine: auto (the fused C++ step "
+                   "where it runs the model, else the reference), fused-cpp, reference (the model's own forward)")
+    p.add_argument("--kv-dtype", choices=KV_DTYPE_NAMES, default="auto", help="the fused engine's KV cache "
+                   "dtype: auto (fp16 for block-quantized weights, as llama.cpp's default cache; else fp32), "
+                   "fp32, fp16")
+
+
 def dtype_arg(p) -> None:
     """--dtype on a command that loads a language model."""
     p.add_argument("--dtype", choices=DTYPES, default="auto",
@@ -170,10 +180,7 @@ def add_model_parsers(sub) -> None:
                    "exactly --max-new-tokens")
     g.add_argument("--stats", action="store_true", help="print the prefill and decode tok/s of the run on stderr "
                    "(timed in the process, loading left out, as llama.cpp's CLI prints them)")
-    g.add_argument("--engine", choices=ENGINES, default="auto", help="decode engine: auto (the fused C++ step "
-                   "where it runs the model, else the reference), fused-cpp, reference (the model's own forward)")
-    g.add_argument("--kv-dtype", choices=KV_DTYPE_NAMES, default="auto", help="the fused engine's KV cache dtype: auto (fp16 for block-quantized weights, as llama.cpp's "
-                   "default cache; else fp32), fp32, fp16")
+    engine_args(g)
     dtype_arg(g)
     g.set_defaults(func=cmd_generate)
 

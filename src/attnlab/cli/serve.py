@@ -11,7 +11,7 @@ import os
 import torch
 
 from attnlab.cli.args import nonnegative_float, positive_int
-from attnlab.engines import ENGINES, KV_DTYPE_NAMES
+from attnlab.cli.models import engine_args
 from attnlab.errors import UserError
 from attnlab.nn.quant_linear import DTYPES
 
@@ -57,10 +57,7 @@ def add_serve_parser(sub) -> None:
                    "beyond it 429 with Retry-After (default 64)")
     s.add_argument("--ctx-size", type=positive_int, help="positions per sequence: prompt + completion "
                    "(default: the model's context, at most 2048)")
-    s.add_argument("--engine", choices=ENGINES, default="auto", help="decode engine: auto (the fused C++ step "
-                   "where it runs the model, else the reference), fused-cpp, reference (the model's own forward)")
-    s.add_argument("--kv-dtype", choices=KV_DTYPE_NAMES, default="auto", help="the fused engine's KV cache dtype: auto (fp16 for block-quantized weights, as llama.cpp's "
-                   "default cache; else fp32), fp32, fp16")
+    engine_args(s)
     s.add_argument("--api-key", help="require `Authorization: Bearer KEY` on /v1 routes (default: "
                    "$ATTNLAB_API_KEY, else no key)")
     s.add_argument("--threads", type=positive_int, help="torch threads (default: torch's, all cores)")
