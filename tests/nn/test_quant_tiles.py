@@ -179,9 +179,11 @@ def test_the_tile_choice_is_per_format_and_deterministic(monkeypatch):
     for scheme in SCHEMES:
         assert cpu_tuning.quant_tile(scheme) == cpu_tuning.quant_tile(scheme) in TILES
         assert cpu_tuning.chosen(True)[f"tile_{scheme}"] == cpu_tuning.quant_tile(scheme)
-    assert cpu_tuning.ROWS["amd"].tile_q4_1 == 16 and cpu_tuning.ROWS["intel"].tile_q8_0 == 0
+    assert cpu_tuning.ROWS["amd"].tile_q4_1 == 16 and cpu_tuning.ROWS["intel"].tile_q8_0 == 16  # both measured
     monkeypatch.setenv(cpu_tuning.TILE_ENV, "8")
     assert cpu_tuning.quant_tile("q8_0") == 8
+    monkeypatch.setenv(cpu_tuning.TILE_ENV, "0")
+    assert cpu_tuning.quant_tile("q4_1") == 0
     monkeypatch.setenv(cpu_tuning.TILE_ENV, "12")
     with pytest.raises(ValueError, match="ATTNLAB_QUANT_TILE='12': must be one of 0, 8, 16"):
         cpu_tuning.quant_tile("q8_0")

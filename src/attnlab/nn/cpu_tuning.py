@@ -26,21 +26,24 @@ different CPUs, so a few settings are chosen per CPU kind from /proc/cpuinfo, by
 
 Where a value came from (bench/decode_tuning.py runs the sweeps; the README keeps the tables):
     Intel (GenuineIntel; Sapphire Rapids, issue 17's host): prefetch_q 3072 (1.3-2× on Q8_0 / Q4_1),
-        no fp32 prefetch (no gain), parallel_bytes 32 KiB, one fork/join per product: the form its
-        figures were measured with (not re-measured since; the one-region step is unmeasured there).
+        no fp32 prefetch (no gain), parallel_bytes 32 KiB (issue 17's sweeps). Measured there on
+        2026-12-06: the 16-row tiles for every format (`python bench/quant_tiles.py --precisions q8_0
+        q4_1 q4_0 --configs 0 16 8 --batches 1 8 --rounds 3 --steps 10`, bench/results/
+        quant_tiles_intel_spr.json: 1.15-1.26x ggml's rows at B = 1, 1.24-1.66x at B = 8; 8 rows
+        between) and the one-region step (`ATTNLAB_QUANT_TILE=16 python bench/decode_tuning.py
+        --dtypes auto q8_0 --rounds 3 --steps 10 --context 200 --candidates '' one_region=1 ...`,
+        bench/results/decode_tuning_intel_spr.json: B = 1 steps 1.02-1.07x, B = 8 1.02x faster than a
+        fork/join per product); the spread prefetches lost there at B = 1 (0.84-0.90x), so the bursts stay.
     AMD (AuthenticAMD; EPYC Zen 4, issue 23's host): see AMD_ZEN4 below.
         The tiles: AMD 16 rows for every format (bench/quant_tiles.py, bench/results/
         quant_tiles_amd_epyc.json: 1.06-1.14x the rows at B = 1, 1.3-1.6x at B = 8; 8 rows no better);
-        Intel keeps ggml's rows, the form its figures were measured with, until the tiles are
-        measured there.
         Spread prefetches (prefetch_spread 1, prefetch_kv 2): `python bench/decode_tuning.py --dtypes
         auto q8_0 --rounds 5 --steps 10 --context 200 --candidates '' prefetch_spread=0,prefetch_kv=1
         prefetch_spread=0,prefetch_kv=0 prefetch_spread=0,prefetch_kv=2 prefetch_spread=1,prefetch_kv=1
         prefetch_spread=1,prefetch_kv=0` (bench/results/decode_tuning_spread_amd_epyc.json): the bursts
         stalled the step (perf: the samples on the instruction after each prefetcht1); spread, B = 1 / 8
         steps 1.11-1.15x / 1.16-1.23x faster than the bursts. fp32
-        keeps its burst (spread or none: 1.2x slower at B = 1, bandwidth-bound). Intel keeps the bursts
-        (not measured there).
+        keeps its burst (spread or none: 1.2x slower at B = 1, bandwidth-bound).
 The chosen values are printed in every bench JSON (`chosen()`), ATTNLAB_CPU_TUNING=intel|amd
 forces one kind's row and ATTNLAB_QUANT_TILE=0|8|16 one tile for every format (to compare them on one
 machine; read when a weight is prepared).
@@ -73,8 +76,8 @@ class Tuning:
     tile_q4_1: int = 0
 
 
-INTEL_SPR = Tuning(prefetch_q=3072, prefetch_f32=0, parallel_bytes=1 << 15, one_region=0, prefetch_l2=0,
-                   linear_form="cpp")
+INTEL_SPR = Tuning(prefetch_q=3072, prefetch_f32=0, parallel_bytes=1 << 15, one_region=1, prefetch_l2=0,
+                   linear_form="cpp", tile_q8_0=16, tile_q4_0=16, tile_q4_1=16)
 AMD_ZEN4 = Tuning(prefetch_q=4096, prefetch_f32=16384, parallel_bytes=1 << 15, one_region=1, prefetch_l2=1,
                   linear_form="cpp", prefetch_spread=1, prefetch_kv=2, tile_q8_0=16, tile_q4_0=16, tile_q4_1=16)
 ROWS = {"intel": INTEL_SPR, "amd": AMD_ZEN4}
