@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from attnlab.generate import generate
+from attnlab.nn import mamba_block
 from attnlab.models.mamba import Mamba, MambaConfig
 
 V = 50
@@ -167,9 +168,9 @@ def test_config_round_trips_through_json():
 
 
 def test_a_bf16_autocast_step_keeps_the_scan_and_the_gradients_fp32():
-    """Under bf16 autocast (the recipe's step on bf16 CPUs) the projections multiply in bf16 and the
-    convolution and scan compute in fp32: the logits are the fp32 model's to bf16 rounding, and every
-    gradient is fp32, finite and close to the fp32 step's."""
+    """Under bf16 autocast (the recipe's step on bf16 CPUs) in_proj and out_proj multiply in bf16 and
+    x_proj, dt_proj, the convolution and scan compute in fp32: the logits are the fp32 model's to bf16
+    rounding, and every gradient is fp32, finite and close to the fp32 step's."""
     x = ids(2, 16)
     grads = {}
     for kind in ("fp32", "bf16"):
@@ -188,3 +189,28 @@ def test_a_bf16_autocast_step_keeps_the_scan_and_the_gradients_fp32():
         assert g.dtype == torch.float32 and torch.isfinite(g).all(), name
         ref = grads["fp32"][name]
         assert (g - ref).norm() <= 0.1 * ref.norm() + 1e-6, name
+
+
+def test_under_cpu_autocast_only_in_proj_and_out_proj_multiply_in_bf16(monkeypatch):
+    """The Δ, B, C projections are an fp32 island (nn/cpu_autocast.py): their outputs feed the fp32
+    scan, so bf16 there would only add casts; the scan gets x, Δ, B, C and z in fp32."""
+    model = model_for().train()
+    dtypes = {}
+    def record(name):
+        def hook(module, args, out):
+            dtypes.setdefault(name, out.dtype)
+        return hook
+
+    for name in ("in_proj", "x_proj", "out_proj"):
+        getattr(model.layers[0].mixer, name).register_forward_hook(record(name))
+    scan = mamba_block.selective_scan
+
+    def recording_scan(x, delta, A, B, C, D, h0, z, **maps):
+        dtypes.setdefault("scan inputs", {v.dtype for v in (x, delta, B, C, z)})
+        return scan(x, delta, A, B, C, D, h0, z=z, **maps)
+
+    monkeypatch.setattr(mamba_block, "selective_scan", recording_scan)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(ids(2, 16))
+    assert dtypes == {"in_proj": torch.bfloat16, "x_proj": torch.float32, "out_proj": torch.bfloat16,
+                      "scan inputs": {torch.float32}}

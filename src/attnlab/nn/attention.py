@@ -6,7 +6,6 @@ Masks are bool, True = may attend (see masks.py).
 """
 from __future__ import annotations
 
-import contextlib
 import math
 
 import torch
@@ -15,25 +14,13 @@ from torch import nn
 
 from attnlab.errors import UserError
 from attnlab.nn import short_attention
+from attnlab.nn.cpu_autocast import fp32_under_cpu_autocast
 from attnlab.nn.kv_cache import KVCache
 from attnlab.nn.linear import Linear
 from attnlab.nn.masks import causal_mask
 from attnlab.nn.rope import apply_rope
 
 IMPLS = ("sdpa", "math")
-
-
-@contextlib.contextmanager
-def _fp32_under_cpu_autocast(q: torch.Tensor):
-    """Under CPU autocast, run the fused attention kernel in fp32 (autocast would cast it to bf16):
-    its bf16 backward is about 4x slower than its fp32 one on AMD EPYC Zen 4 (bench/train_step.py),
-    and scores and softmax keep fp32's precision (the matrix products around it stay bf16). Yields
-    the cast to apply to q, k, v (identity without CPU autocast)."""
-    if q.device.type != "cpu" or not torch.is_autocast_enabled("cpu"):
-        yield lambda t: t
-        return
-    with torch.autocast("cpu", enabled=False):
-        yield lambda t: t.float()
 
 
 def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -74,7 +61,7 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
             mask = mask | ~visible  # let empty rows attend everywhere, then zero them below
     groups = q.size(1) // k.size(1)
     if impl == "sdpa" and not need_weights:
-        with _fp32_under_cpu_autocast(q) as cast:
+        with fp32_under_cpu_autocast(q) as cast:
             out = F.scaled_dot_product_attention(cast(q), cast(k), cast(v), attn_mask=mask, dropout_p=dropout,
                                                  enable_gqa=groups > 1, is_causal=is_causal)
         weights = None

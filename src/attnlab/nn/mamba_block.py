@@ -10,6 +10,9 @@ Shape legend: B batch, T new tokens, D model dim, Di inner width (expand · D), 
     y = selective_scan(x, Δ, A = −exp(A_log), B, C, D)
     out = out_proj(y ⊙ SiLU(z))
 
+Under CPU bf16 autocast, x_proj, dt_proj and the scan run in fp32 (nn/cpu_autocast.py): the scan
+reads Δ, B and C in fp32, and bf16 products that small cost more in casts than they save.
+
 Source: Gu & Dao 2023, "Mamba", §3.4 and Figure 3 (the block), Algorithm 2 (the selective SSM),
 §3.6 and the reference implementation state-spaces/mamba (mamba_simple.py) for the initialisation:
 A = 1..N per channel (S4D-Real), D = 1, dt_proj bias = softplus⁻¹(Δ₀) with Δ₀ log-uniform in
@@ -24,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.nn.causal_conv import causal_conv1d_silu
+from attnlab.nn.cpu_autocast import fp32_under_cpu_autocast
 from attnlab.nn.norm import RMSNorm
 from attnlab.nn.ssm import selective_scan, selective_step
 
@@ -127,23 +131,25 @@ class MambaBlock(nn.Module):
             x = F.silu(self._conv(x.transpose(1, 2), state)).transpose(1, 2)   # (B, T, Di)
         if keep is not None:
             x = x * keep
-        dt, B, C = self.x_proj(x).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
-        A = -torch.exp(self.A_log.float())                                     # (Di, N)
-        if state is not None and t == 1:  # decoding: one step of the recurrence
-            delta = F.softplus(self.dt_proj(dt))                               # (B, 1, Di)
-            if keep is not None:
-                delta = delta * keep
-            y = selective_step(x[:, 0], delta[:, 0], A, B[:, 0], C[:, 0], self.D, state.ssm)[:, None]  # (B, 1, Di)
-            y = y * F.silu(z)
-        else:  # the scan, with Δ = softplus(dt_proj(dt)), the skip D and the gate SiLU(z) fused into it
-            if keep is None:
-                delta, bias, softplus = F.linear(dt, self.dt_proj.weight), self.dt_proj.bias, True
-            else:  # padding: Δ = 0 there, set after the softplus
-                delta, bias, softplus = F.softplus(self.dt_proj(dt)) * keep, None, False
-            y, h_last = selective_scan(x, delta, A, B, C, self.D, None if state is None else state.ssm, z=z,
-                                       delta_bias=bias, delta_softplus=softplus)
-            if state is not None:
-                state.ssm.copy_(h_last)
+        with fp32_under_cpu_autocast(x) as cast:  # x_proj, dt_proj and the scan in fp32 (nn/cpu_autocast.py)
+            x, z = cast(x), cast(z)
+            dt, B, C = self.x_proj(x).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
+            A = -torch.exp(self.A_log.float())                                 # (Di, N)
+            if state is not None and t == 1:  # decoding: one step of the recurrence
+                delta = F.softplus(self.dt_proj(dt))                           # (B, 1, Di)
+                if keep is not None:
+                    delta = delta * keep
+                y = selective_step(x[:, 0], delta[:, 0], A, B[:, 0], C[:, 0], self.D, state.ssm)[:, None]
+                y = y * F.silu(z)                                              # (B, 1, Di)
+            else:  # the scan, with Δ = softplus(dt_proj(dt)), the skip D and the gate SiLU(z) fused into it
+                if keep is None:
+                    delta, bias, softplus = F.linear(dt, self.dt_proj.weight), self.dt_proj.bias, True
+                else:  # padding: Δ = 0 there, set after the softplus
+                    delta, bias, softplus = F.softplus(self.dt_proj(dt)) * keep, None, False
+                y, h_last = selective_scan(x, delta, A, B, C, self.D, None if state is None else state.ssm, z=z,
+                                           delta_bias=bias, delta_softplus=softplus)
+                if state is not None:
+                    state.ssm.copy_(h_last)
         if state is not None:
             state.length += t
         return self.out_proj(y)

@@ -9,11 +9,12 @@ The peak learning rate, 4e-3, is the best of a sweep on the validation text (see
 2e-3 → 1.5544, 4e-3 → 1.5377, 8e-3 → 1.5453), 4× the GPT recipe's 1e-3; the paper's
 improved recipe uses 5× GPT-3's rate.
 On CPUs with native bf16 products (AVX512-BF16 or AMX) the step runs under bf16 autocast, as
-shakespeare-char's (train/speed.py): in_proj, x_proj, dt_proj, out_proj and the output projection
-multiply in bf16 (fp32 accumulation); their outputs are cast back to fp32 where the causal
-convolution and the selective scan read them (nn/causal_conv.py, nn/ssm.py: both kernels compute
-in fp32, the state included); the norms, the residual stream, the weights, their gradients and the
-optimizer stay fp32, and evaluations run in fp32. Seed 0 ends 2,000 steps at validation loss 1.5368
+shakespeare-char's (train/speed.py): in_proj, out_proj and the output projection multiply in bf16
+(fp32 accumulation); in_proj's outputs are cast back to fp32 where the causal convolution and the
+selective scan read them (nn/causal_conv.py, nn/ssm.py: both kernels compute in fp32, the state
+included), and x_proj and dt_proj, whose outputs only the scan reads, stay fp32 (an fp32 island,
+nn/cpu_autocast.py: in bf16 their casts cost more than their products); the norms, the residual
+stream, the weights, their gradients and the optimizer stay fp32, and evaluations run in fp32. Seed 0 ends 2,000 steps at validation loss 1.5368
 against the fp32 step's 1.5377 (README); `--set autocast=none` is the fp32 reference.
 """
 from __future__ import annotations
