@@ -14,8 +14,10 @@ shakespeare-char's (train/speed.py): in_proj, out_proj and the output projection
 selective scan read them (nn/causal_conv.py, nn/ssm.py: both kernels compute in fp32, the state
 included), and x_proj and dt_proj, whose outputs only the scan reads, stay fp32 (an fp32 island,
 nn/cpu_autocast.py: in bf16 their casts cost more than their products); the norms, the residual
-stream, the weights, their gradients and the optimizer stay fp32, and evaluations run in fp32. Seed 0 ends 2,000 steps at validation loss 1.5368
-against the fp32 step's 1.5377 (README); `--set autocast=none` is the fp32 reference.
+stream, the weights, their gradients and the optimizer stay fp32, and evaluations run in fp32.
+Seed 0 ends 2,000 steps at validation loss 1.5368 against the fp32 step's 1.5377 (README; AMD EPYC,
+before the fp32 island; with it, on Intel: 1.5456, against 1.5437 without); `--set autocast=none`
+is the fp32 reference.
 """
 from __future__ import annotations
 
