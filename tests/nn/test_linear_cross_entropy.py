@@ -1,6 +1,7 @@
 """linear_cross_entropy (nn/linear_cross_entropy.py): the chunked head + cross-entropy gives
-F.cross_entropy's loss and gradients of the composition (1e-6), for a frozen, a trained and a
-quantized head, with label smoothing, and keeps no (N, V) tensor for the backward."""
+F.cross_entropy's loss (1e-6) and gradients (5e-6: fp32 summation order) of the composition, for a
+frozen, a trained and a quantized head, with label smoothing, and keeps no (N, V) tensor for the
+backward."""
 from __future__ import annotations
 
 import weakref
@@ -41,8 +42,9 @@ def test_loss_and_gradients_equal_the_composition(trained, epsilon):
     assert (ours[0] - ref[0]).abs() <= 1e-6 * ref[0].abs()
     for a, b in zip(ours[1:], ref[1:]):
         assert (a is None) == (b is None)
-        if a is not None:
-            assert (a - b).abs().max() <= 1e-6 * b.abs().max()
+        if a is not None:  # fp32 sums over V = 300 in another order: an 8-row chunk's product takes
+            # another BLAS kernel than the 37-row one (1.2e-6 of the largest on Intel Sapphire Rapids)
+            assert (a - b).abs().max() <= 5e-6 * b.abs().max()
 
 
 def test_a_quantized_head_equals_its_composition():
