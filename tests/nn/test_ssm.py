@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.nn import quant_kernel
-from attnlab.nn.ssm import selective_scan, selective_scan_ref, selective_step
+from attnlab.nn.ssm import backward_groups, selective_scan, selective_scan_ref, selective_step
 
 TOL = 1e-5
 IMPLS = ["torch"] + (["cpp"] if quant_kernel.kernel() == "cpp" else [])
@@ -179,3 +179,57 @@ def test_mismatched_shapes_are_named():
         selective_scan(x, delta, A[:, :3], B, C, D)
     with pytest.raises(ValueError, match="initial state h0"):
         selective_scan(x, delta, A, B, C, D, torch.zeros(2, 4, 8))
+
+
+CPP_ONLY = pytest.mark.skipif("cpp" not in IMPLS, reason="the C++ extension does not build here")
+
+
+@CPP_ONLY
+def test_kernel_sums_several_blocks_per_group_as_the_reference():
+    """A batch large enough that the backward takes two or more channel blocks per group (their ∂B,
+    ∂C lanes added up in the buffer before the lanes are summed): still the reference's gradients."""
+    assert backward_groups(12, 72) == 2  # 5 blocks (the last one partial) in 2 groups
+    _equal_to_reference(_inputs(12, 9, 72, 16, seed=3), "cpp", z=torch.randn(12, 9, 72),
+                        delta_bias=torch.randn(72), delta_softplus=True)
+
+
+@CPP_ONLY
+@pytest.mark.parametrize("n", [16, 5])
+def test_every_group_count_gives_the_same_gradients(n):
+    """scan_backward's partial sums of ∂B, ∂C over 1 .. all groups of blocks add up to the same
+    gradients (to fp32 summation order); the other outputs are the same bits; a count out of range
+    is refused by name."""
+    x, delta, A, B, C, D, h0 = _inputs(3, 11, 72, n, seed=4)
+    args = (x, delta, A.t().contiguous(), B, C, h0.transpose(1, 2).contiguous(), D, torch.randn(3, 11, 72),
+            torch.randn(72), True, torch.randn(3, 11, 72), None)
+    outs = {g: torch.ops.attnlab_ssm.scan_backward(*args, g) for g in (1, 2, 3, 5)}
+    for g, out in outs.items():
+        assert out[3].shape == out[4].shape == (g, 3, 11, n)
+        for i, (a, b) in enumerate(zip(out, outs[1])):
+            if i in (3, 4):
+                _close(a.sum(0), b.sum(0), f"output {i} with {g} groups")
+            else:
+                assert torch.equal(a, b), f"output {i} with {g} groups"
+    for bad in (0, 6):
+        with pytest.raises(RuntimeError, match="groups must be in 1 .. 5"):
+            torch.ops.attnlab_ssm.scan_backward(*args, bad)
+
+
+@CPP_ONLY
+def test_gradients_are_the_same_bits_on_one_thread_and_two():
+    args = _inputs(4, 20, 64, 16, seed=6)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = _run(_scan("cpp"), args)
+        torch.set_num_threads(2)
+        two = _run(_scan("cpp"), args)
+    finally:
+        torch.set_num_threads(threads)
+    for a, b in zip([one[0], one[1], *one[2]], [two[0], two[1], *two[2]]):
+        assert (a is None and b is None) or torch.equal(a, b)
+
+
+def test_backward_groups_cover_the_blocks_and_depend_on_the_shapes_only():
+    assert [backward_groups(b, 256) for b in (1, 2, 12, 16, 64)] == [16, 8, 2, 1, 1]
+    assert backward_groups(1, 20) == 2 and backward_groups(3, 8) == 1  # never more groups than blocks

@@ -23,7 +23,8 @@ Three implementations compute the same numbers (tests hold them to 1e-5 in fp32,
   sequence, so no (B, T, Di, N) tensor is ever written; the backward recomputes the states in
   segments of 128 steps and runs the adjoint recurrence (g_{h,t} = C_t ⊗ g_{y,t} + Ā_{t+1} ⊙
   g_{h,t+1}) in registers too (the paper's §3.3.2 design, on a CPU's vector registers in place of
-  a GPU's SRAM). Forward + backward with one thread at B 12, Di 256, N 16 (bench/ssm_scan.py) it
+  a GPU's SRAM). ∂B_t and ∂C_t, sums over the channels, are added up over a group of channel
+  blocks as 16-lane vectors and summed over their lanes once per group (backward_groups). Forward + backward with one thread at B 12, Di 256, N 16 (bench/ssm_scan.py) it
   is about 4× the PyTorch loop below at T = 64 and 256.
 - selective_scan, impl "torch" (the fallback): the loop inside a torch.autograd.Function whose
   backward runs the adjoint recurrence by hand, with every tensor of one step (B × N × Di) small
@@ -187,8 +188,8 @@ class _ScanKernel(torch.autograd.Function):
     x, Δ, z (B, T, Di); Aᵀ (N, Di); B, C (B, T, N); h0 (B, N, Di); D, delta_bias (Di,); h0, D, z and
     delta_bias optional. The backward recomputes the states from h0 (nothing of size T · N · Di is
     kept) and runs the adjoint recurrence of _SelectiveScan through the fused maps; the kernel
-    returns ∂A, ∂B, ∂C, ∂D and ∂delta_bias as partial sums (per sequence, per block of 16 channels)
-    that are added here."""
+    returns ∂A, ∂D and ∂delta_bias as partial sums per sequence, and ∂B, ∂C per (group of channel
+    blocks, sequence) (backward_groups), that are added here."""
 
     @staticmethod
     def forward(ctx, x, dt, At, B, C, h0, D, z, bias, softplus):
@@ -202,7 +203,8 @@ class _ScanKernel(torch.autograd.Function):
         x, dt, At, B, C, h0, D, z, bias = ctx.saved_tensors
         g_last = None if g_last is None else g_last.contiguous()
         gx, gdt, gA, gB, gC, gh0, gD, gz, gbias = torch.ops.attnlab_ssm.scan_backward(
-            x, dt, At, B, C, h0, D, z, bias, ctx.softplus, g_y.contiguous(), g_last)
+            x, dt, At, B, C, h0, D, z, bias, ctx.softplus, g_y.contiguous(), g_last,
+            backward_groups(x.shape[0], x.shape[2]))
         return (gx, gdt, gA.sum(0), gB.sum(0), gC.sum(0), None if h0 is None else gh0,
                 None if D is None else gD.sum(0), None if z is None else gz, None if bias is None else gbias.sum(0),
                 None)
@@ -212,12 +214,20 @@ def _fake_forward(x, dt, At, B, C, h0, D, z, bias, softplus):
     return torch.empty_like(x), x.new_empty(x.shape[0], At.shape[0], x.shape[2])
 
 
-def _fake_backward(x, dt, At, B, C, h0, D, z, bias, softplus, g_y, g_last):
+def backward_groups(batch: int, d_inner: int) -> int:
+    """How many groups the scan's backward takes each sequence's Di / 16 channel blocks in (1 ..
+    blocks): enough that batch · groups ≥ 16 units of work for the threads, and no more, since each
+    group sums its ∂B, ∂C lanes on its own (ssm_scan.cpp). A function of the shapes only, so the
+    sums' order, and the bits, do not depend on the thread count."""
+    return max(1, min(-(-d_inner // 16), -(-16 // batch)))
+
+
+def _fake_backward(x, dt, At, B, C, h0, D, z, bias, softplus, g_y, g_last, groups):
     b, t, di = x.shape
-    n, blocks = At.shape[0], -(-di // 16)
+    n = At.shape[0]
     per_b = lambda v: x.new_empty(b, di) if v is not None else x.new_empty(0)  # noqa: E731
-    return [torch.empty_like(x), torch.empty_like(x), x.new_empty(b, n, di), x.new_empty(blocks, b, t, n),
-            x.new_empty(blocks, b, t, n), x.new_empty(b, n, di), per_b(D),
+    return [torch.empty_like(x), torch.empty_like(x), x.new_empty(b, n, di), x.new_empty(groups, b, t, n),
+            x.new_empty(groups, b, t, n), x.new_empty(b, n, di), per_b(D),
             torch.empty_like(x) if z is not None else x.new_empty(0), per_b(bias)]
 
 

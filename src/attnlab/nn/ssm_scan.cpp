@@ -16,8 +16,13 @@
 //   ∂x_t = Δ_t Σ_n B_t g_h;  ∂B_t = Σ_d g_h Δ_t x_t;  ∂C_t = Σ_d h_t g_y,t;  g_h *= a_t;  ∂h0 = g_h.
 // and through the maps: g_y ← g_out · SiLU(z), ∂z = g_out · y · SiLU'(z), ∂D = Σ g_y x, ∂x += D g_y,
 // ∂dt = ∂Δ · sigmoid(dt + dt_bias) (softplus'), ∂dt_bias = Σ ∂dt.
-// ∂A, ∂B, ∂C, ∂D and ∂dt_bias sum over blocks or sequences: each (b, block) writes its own partial
-// sums, which the caller adds (nn/ssm.py). Threads: at::parallel_for over the (b, block) pairs.
+// ∂A, ∂D and ∂dt_bias sum over sequences: each sequence writes its own partial sums, which the caller
+// adds (nn/ssm.py). ∂B_t and ∂C_t sum over the Di channels: the blocks of 16 channels are taken in
+// `groups` groups per sequence (the caller's choice); within a group each step's 16-lane products
+// are added up over the group's blocks in a per-thread buffer (T · N vectors each) and summed over
+// their lanes once, at the group's end (summing the lanes at every step of every block took ~60% of
+// the adjoint steps' time); each (group, b) writes its partial sums, which the caller adds.
+// Threads: at::parallel_for over the (b, group) pairs.
 // Source: Gu & Dao 2023, "Mamba", Algorithm 2, eq. (4), and §3.3.2 (the hardware-aware scan: states
 // kept in fast memory, recomputed in the backward pass); state-spaces/mamba selective_scan_ref.
 #include <ATen/ATen.h>
@@ -97,28 +102,30 @@ std::tuple<at::Tensor, at::Tensor> scan_forward(const at::Tensor& x, const at::T
 }
 
 // The backward pass's inputs beside the scan's (nullptr when absent) and its outputs (B, T, Di) or
-// per (sequence, block) partial sums, as scan_backward returns them.
+// partial sums per sequence or per (group, sequence), as scan_backward returns them.
 struct Grads {
   const float *h0, *g_last, *g_y;
   float *gx, *gdt, *gA, *gB, *gC, *gh0, *gD, *gz, *gbias;
   int64_t nb;
 };
 
-// Per thread: the first state of each segment and what the recomputation keeps of each of its steps.
+// Per thread: the first state of each segment, what the recomputation keeps of each of its steps, and
+// the ∂B_t, ∂C_t lanes of every step summed over a group's blocks.
 struct Scratch {
-  std::vector<__m512> starts, prev, decay, ys, deltas;
-  Scratch(int64_t segments, int64_t N)
-      : starts(segments * N), prev(kSegment * N), decay(kSegment * N), ys(kSegment), deltas(kSegment) {}
+  std::vector<__m512> starts, prev, decay, ys, deltas, sumB, sumC;
+  Scratch(int64_t segments, int64_t N, int64_t T)
+      : starts(segments * N), prev(kSegment * N), decay(kSegment * N), ys(kSegment), deltas(kSegment),
+        sumB(T * N), sumC(T * N) {}
 };
 
 // One step t of the adjoint recurrence (file comment) for channels d0 .. d0 + 15 of sequence b, block
-// blk: updates the state adjoints gh and ∂A's sums gAacc, writes ∂x_t, ∂dt_t (∂z_t), ∂B_t and ∂C_t.
-// ht(n) is h_t; j indexes step t in the scratch.
-// pb, pc: N vectors of scratch (∂B_t, ∂C_t lanes before their sums).
+// blk: updates the state adjoints gh and ∂A's sums gAacc, writes ∂x_t, ∂dt_t (∂z_t), and stores
+// (first block of its group) or adds its ∂B_t and ∂C_t lanes into the scratch's sumB, sumC.
+// ht(n) is h_t; j indexes step t in the scratch's segment buffers.
 template <int64_t kN, typename State>
-inline void adjoint_step(const Scan& s, const Grads& g, const Scratch& w, int64_t b, int64_t blk, int64_t t,
+inline void adjoint_step(const Scan& s, const Grads& g, int64_t b, int64_t blk, int64_t t,
                          int64_t j, State ht, __m512* gh, __m512* gAacc, __m512& gDacc, __m512& gbacc,
-                         __m512* pb, __m512* pc) {
+                         Scratch& w, bool first) {
   const int64_t N = states<kN>(s), d0 = blk * kLanes, r = s.row(b, t, d0);
   const __mmask16 m = lanes(d0, s.Di);
   const __m512 dtv = w.deltas[j], xv = load(s.x + r, m), dx = _mm512_mul_ps(dtv, xv);
@@ -136,20 +143,21 @@ inline void adjoint_step(const Scan& s, const Grads& g, const Scratch& w, int64_
   __m512 g_dx = _mm512_setzero_ps(), g_dtA = _mm512_setzero_ps();
   const __m512* prev = w.prev.data() + j * N;
   const __m512* decay = w.decay.data() + j * N;
+  __m512* pb = w.sumB.data() + t * N;  // ∂B_t, ∂C_t lanes, summed over the group's blocks
+  __m512* pc = w.sumC.data() + t * N;
   for (int64_t n = 0; n < N; ++n) {
-    pc[n] = _mm512_mul_ps(ht(n), gy);
+    const __m512 c = _mm512_mul_ps(ht(n), gy);
+    pc[n] = first ? c : _mm512_add_ps(pc[n], c);
     gh[n] = _mm512_add_ps(gh[n], _mm512_mul_ps(_mm512_set1_ps(Ct[n]), gy));
     const __m512 a = decay[n];
     const __m512 g_log = _mm512_mul_ps(_mm512_mul_ps(gh[n], prev[n]), a);
     gAacc[n] = _mm512_add_ps(gAacc[n], _mm512_mul_ps(g_log, dtv));
     g_dtA = _mm512_add_ps(g_dtA, _mm512_mul_ps(g_log, load(s.At + n * s.Di + d0, m)));
     g_dx = _mm512_add_ps(g_dx, _mm512_mul_ps(gh[n], _mm512_set1_ps(Bt[n])));
-    pb[n] = _mm512_mul_ps(gh[n], dx);  // 0 in the lanes past Di: dx is
+    const __m512 bb = _mm512_mul_ps(gh[n], dx);  // 0 in the lanes past Di: dx is
+    pb[n] = first ? bb : _mm512_add_ps(pb[n], bb);
     gh[n] = _mm512_mul_ps(gh[n], a);
   }
-  const int64_t out = ((blk * g.nb + b) * s.T + t) * N;
-  hsums(pb, N, g.gB + out);
-  hsums(pc, N, g.gC + out);
   const __m512 gxv = _mm512_mul_ps(g_dx, dtv);
   _mm512_mask_storeu_ps(g.gx + r, m, s.D ? _mm512_add_ps(gxv, _mm512_mul_ps(Dv, gy)) : gxv);
   __m512 gd = _mm512_add_ps(g_dtA, _mm512_mul_ps(g_dx, xv));  // ∂Δ
@@ -166,11 +174,11 @@ inline void adjoint_step(const Scan& s, const Grads& g, const Scratch& w, int64_
 // segment from the last, the states recomputed (with Δ, a and Σ C h of each step) and the adjoint
 // steps run from its last step down.
 template <int64_t kN>
-void backward_block(const Scan& s, const Grads& g, Scratch& w, int64_t b, int64_t blk) {
+void backward_block(const Scan& s, const Grads& g, Scratch& w, int64_t b, int64_t blk, bool first) {
   const int64_t N = states<kN>(s), T = s.T, d0 = blk * kLanes, segments = (T + kSegment - 1) / kSegment;
   const __mmask16 m = lanes(d0, s.Di);
-  Vectors<kN> hs(N), ghs(N), gAs(N), pB(N), pC(N);  // states, their adjoints, ∂A's sums; scratch
-  __m512 *h = hs.data(), *gh = ghs.data(), *gAacc = gAs.data(), *pb = pB.data(), *pc = pC.data();
+  Vectors<kN> hs(N), ghs(N), gAs(N);  // states, their adjoints, ∂A's sums
+  __m512 *h = hs.data(), *gh = ghs.data(), *gAacc = gAs.data();
   load_state(g.h0, b, d0, N, s.Di, h);
   for (int64_t k = 0; k < segments; ++k) {  // the first state of every segment
     std::copy(h, h + N, w.starts.begin() + k * N);
@@ -186,26 +194,24 @@ void backward_block(const Scan& s, const Grads& g, Scratch& w, int64_t b, int64_
     std::copy(w.starts.begin() + k * N, w.starts.begin() + (k + 1) * N, h);
     const Kept keep{s.z ? w.ys.data() : nullptr, w.prev.data(), w.decay.data(), w.deltas.data()};
     const auto ahead = [&](int64_t t) {  // also the lines the adjoint steps read and write
-      const int64_t r = s.row(b, t, d0), out = ((blk * g.nb + b) * T + t) * N;
+      const int64_t r = s.row(b, t, d0);
       s.prefetch_step(b, t, d0);
       prefetch(g.g_y + r);
       prefetch(g.gx + r);
       prefetch(g.gdt + r);
       if (s.z) prefetch(g.gz + r);
-      prefetch(g.gB + out);
-      prefetch(g.gC + out);
     };
     if (s.z)  // h ends as h_{t1−1}; ys keeps Σ_n C h for the gate's derivative
       steps<kN, true>(s, b, d0, t0, t1, h, nullptr, keep, ahead);
     else
       steps<kN, false>(s, b, d0, t0, t1, h, nullptr, keep, ahead);
     // h_t is h at the segment's last step, else the state before step t + 1 (prev of step t + 1)
-    adjoint_step<kN>(s, g, w, b, blk, t1 - 1, t1 - 1 - t0, [&](int64_t n) { return h[n]; }, gh, gAacc, gDacc, gbacc,
-                     pb, pc);
+    adjoint_step<kN>(s, g, b, blk, t1 - 1, t1 - 1 - t0, [&](int64_t n) { return h[n]; }, gh, gAacc, gDacc, gbacc,
+                     w, first);
     for (int64_t t = t1 - 2; t >= t0; --t) {
       const __m512* next = w.prev.data() + (t + 1 - t0) * N;
-      adjoint_step<kN>(s, g, w, b, blk, t, t - t0, [next](int64_t n) { return next[n]; }, gh, gAacc, gDacc,
-                       gbacc, pb, pc);
+      adjoint_step<kN>(s, g, b, blk, t, t - t0, [next](int64_t n) { return next[n]; }, gh, gAacc, gDacc,
+                       gbacc, w, first);
     }
   }
   store_state(g.gA, b, d0, N, s.Di, gAacc);
@@ -214,19 +220,23 @@ void backward_block(const Scan& s, const Grads& g, Scratch& w, int64_t b, int64_
   if (s.dt_bias) _mm512_mask_storeu_ps(g.gbias + b * s.Di + d0, m, gbacc);
 }
 
-// -> [∂x, ∂dt (B, T, Di); ∂At partial sums (B, N, Di); ∂B, ∂C partial sums (blocks, B, T, N);
+// groups: how many groups the Di / 16 channel blocks of a sequence are taken in (1 .. blocks).
+// -> [∂x, ∂dt (B, T, Di); ∂At partial sums (B, N, Di); ∂B, ∂C partial sums (groups, B, T, N);
 //     ∂h0 (B, N, Di); ∂D partial sums (B, Di); ∂z (B, T, Di); ∂dt_bias partial sums (B, Di)]
 // (the last three empty when D, z or dt_bias is absent)
 std::vector<at::Tensor> scan_backward(const at::Tensor& x, const at::Tensor& dt, const at::Tensor& At,
                                       const at::Tensor& B, const at::Tensor& C, const Opt& h0, const Opt& D,
                                       const Opt& z, const Opt& dt_bias, bool softplus, const at::Tensor& g_y,
-                                      const Opt& g_last) {
+                                      const Opt& g_last, int64_t groups) {
   const Scan s = make(x, dt, At, B, C, D, z, dt_bias, softplus);
   const int64_t nb = x.size(0), T = s.T, N = s.N, Di = s.Di, nblk = s.blocks();
   TORCH_CHECK(g_y.sizes() == x.sizes() && g_y.is_contiguous() && g_y.scalar_type() == at::kFloat, "g_y must be like x");
   const auto f = x.options();
   at::Tensor gx = at::empty_like(x), gdt = at::empty_like(x), gA = at::empty({nb, N, Di}, f);
-  at::Tensor gB = at::empty({nblk, nb, T, N}, f), gC = at::empty({nblk, nb, T, N}, f), gh0 = at::empty({nb, N, Di}, f);
+  TORCH_CHECK(groups >= 1 && groups <= nblk, "groups must be in 1 .. ", nblk, " (blocks of 16 channels), got ", groups);
+  const int64_t per_group = (nblk + groups - 1) / groups;
+  at::Tensor gB = at::zeros({groups, nb, T, N}, f), gC = at::zeros({groups, nb, T, N}, f);  // 0: an empty group
+  at::Tensor gh0 = at::empty({nb, N, Di}, f);
   at::Tensor gD = s.D ? at::empty({nb, Di}, f) : at::empty({0}, f), gz = s.z ? at::empty_like(x) : at::empty({0}, f);
   at::Tensor gbias = s.dt_bias ? at::empty({nb, Di}, f) : at::empty({0}, f);
   const Grads g{opt_ptr(h0, {nb, N, Di}, "h0"), opt_ptr(g_last, {nb, N, Di}, "g_last"), g_y.data_ptr<float>(),
@@ -234,13 +244,22 @@ std::vector<at::Tensor> scan_backward(const at::Tensor& x, const at::Tensor& dt,
                 gC.data_ptr<float>(), gh0.data_ptr<float>(), gD.data_ptr<float>(), gz.data_ptr<float>(),
                 gbias.data_ptr<float>(), nb};
   const int64_t segments = (T + kSegment - 1) / kSegment;
-  at::parallel_for(0, nb * nblk, 1, [&](int64_t i0, int64_t i1) {
-    Scratch w(segments, N);
+  at::parallel_for(0, nb * groups, 1, [&](int64_t i0, int64_t i1) {
+    Scratch w(segments, N, T);
     for (int64_t i = i0; i < i1; ++i) {
-      if (N == kFixedN)
-        backward_block<kFixedN>(s, g, w, i / nblk, i % nblk);
-      else
-        backward_block<0>(s, g, w, i / nblk, i % nblk);
+      const int64_t b = i / groups, grp = i % groups, blk0 = grp * per_group, blk1 = std::min(nblk, blk0 + per_group);
+      for (int64_t blk = blk0; blk < blk1; ++blk) {
+        if (N == kFixedN)
+          backward_block<kFixedN>(s, g, w, b, blk, blk == blk0);
+        else
+          backward_block<0>(s, g, w, b, blk, blk == blk0);
+      }
+      if (blk1 > blk0)  // the group's ∂B_t, ∂C_t: each step's N vectors summed over their lanes
+        for (int64_t t = 0; t < T; ++t) {
+          const int64_t out = ((grp * nb + b) * T + t) * N;
+          hsums(w.sumB.data() + t * N, N, g.gB + out);
+          hsums(w.sumC.data() + t * N, N, g.gC + out);
+        }
     }
   });
   return {gx, gdt, gA, gB, gC, gh0, gD, gz, gbias};
@@ -252,7 +271,7 @@ TORCH_LIBRARY(attnlab_ssm, lib) {
   lib.def("scan_forward(Tensor x, Tensor dt, Tensor At, Tensor B, Tensor C, Tensor? h0, Tensor? D, Tensor? z, "
           "Tensor? dt_bias, bool softplus) -> (Tensor, Tensor)");
   lib.def("scan_backward(Tensor x, Tensor dt, Tensor At, Tensor B, Tensor C, Tensor? h0, Tensor? D, Tensor? z, "
-          "Tensor? dt_bias, bool softplus, Tensor g_y, Tensor? g_last) -> Tensor[]");
+          "Tensor? dt_bias, bool softplus, Tensor g_y, Tensor? g_last, int groups) -> Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(attnlab_ssm, CPU, lib) {
