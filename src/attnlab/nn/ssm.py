@@ -24,7 +24,8 @@ Three implementations compute the same numbers (tests hold them to 1e-5 in fp32,
   segments of 128 steps and runs the adjoint recurrence (g_{h,t} = C_t ⊗ g_{y,t} + Ā_{t+1} ⊙
   g_{h,t+1}) in registers too (the paper's §3.3.2 design, on a CPU's vector registers in place of
   a GPU's SRAM). ∂B_t and ∂C_t, sums over the channels, are added up over a group of channel
-  blocks as 16-lane vectors and summed over their lanes once per group (backward_groups). Forward + backward with one thread at B 12, Di 256, N 16 (bench/ssm_scan.py) it
+  blocks as 16-lane vectors and summed over their lanes once per group (backward_groups).
+  Forward + backward with one thread at B 12, Di 256, N 16 (bench/ssm_scan.py) it
   is about 4× the PyTorch loop below at T = 64 and 256.
 - selective_scan, impl "torch" (the fallback): the loop inside a torch.autograd.Function whose
   backward runs the adjoint recurrence by hand, with every tensor of one step (B × N × Di) small

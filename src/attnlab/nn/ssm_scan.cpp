@@ -20,7 +20,7 @@
 // adds (nn/ssm.py). ∂B_t and ∂C_t sum over the Di channels: the blocks of 16 channels are taken in
 // `groups` groups per sequence (the caller's choice); within a group each step's 16-lane products
 // are added up over the group's blocks in a per-thread buffer (T · N vectors each) and summed over
-// their lanes once, at the group's end (summing the lanes at every step of every block took ~60% of
+// their lanes once, at the group's end (summing the lanes at every step of every block took most of
 // the adjoint steps' time); each (group, b) writes its partial sums, which the caller adds.
 // Threads: at::parallel_for over the (b, group) pairs.
 // Source: Gu & Dao 2023, "Mamba", Algorithm 2, eq. (4), and §3.3.2 (the hardware-aware scan: states
@@ -234,8 +234,7 @@ std::vector<at::Tensor> scan_backward(const at::Tensor& x, const at::Tensor& dt,
   const auto f = x.options();
   at::Tensor gx = at::empty_like(x), gdt = at::empty_like(x), gA = at::empty({nb, N, Di}, f);
   TORCH_CHECK(groups >= 1 && groups <= nblk, "groups must be in 1 .. ", nblk, " (blocks of 16 channels), got ", groups);
-  const int64_t per_group = (nblk + groups - 1) / groups;
-  at::Tensor gB = at::zeros({groups, nb, T, N}, f), gC = at::zeros({groups, nb, T, N}, f);  // 0: an empty group
+  at::Tensor gB = at::empty({groups, nb, T, N}, f), gC = at::empty({groups, nb, T, N}, f);
   at::Tensor gh0 = at::empty({nb, N, Di}, f);
   at::Tensor gD = s.D ? at::empty({nb, Di}, f) : at::empty({0}, f), gz = s.z ? at::empty_like(x) : at::empty({0}, f);
   at::Tensor gbias = s.dt_bias ? at::empty({nb, Di}, f) : at::empty({0}, f);
@@ -247,19 +246,19 @@ std::vector<at::Tensor> scan_backward(const at::Tensor& x, const at::Tensor& dt,
   at::parallel_for(0, nb * groups, 1, [&](int64_t i0, int64_t i1) {
     Scratch w(segments, N, T);
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t b = i / groups, grp = i % groups, blk0 = grp * per_group, blk1 = std::min(nblk, blk0 + per_group);
+      // group grp: blocks [grp · nblk / groups, (grp + 1) · nblk / groups), never empty for groups ≤ nblk
+      const int64_t b = i / groups, grp = i % groups, blk0 = grp * nblk / groups, blk1 = (grp + 1) * nblk / groups;
       for (int64_t blk = blk0; blk < blk1; ++blk) {
         if (N == kFixedN)
           backward_block<kFixedN>(s, g, w, b, blk, blk == blk0);
         else
           backward_block<0>(s, g, w, b, blk, blk == blk0);
       }
-      if (blk1 > blk0)  // the group's ∂B_t, ∂C_t: each step's N vectors summed over their lanes
-        for (int64_t t = 0; t < T; ++t) {
-          const int64_t out = ((grp * nb + b) * T + t) * N;
-          hsums(w.sumB.data() + t * N, N, g.gB + out);
-          hsums(w.sumC.data() + t * N, N, g.gC + out);
-        }
+      for (int64_t t = 0; t < T; ++t) {  // the group's ∂B_t, ∂C_t: each step's N vectors summed over their lanes
+        const int64_t out = ((grp * nb + b) * T + t) * N;
+        hsums(w.sumB.data() + t * N, N, g.gB + out);
+        hsums(w.sumC.data() + t * N, N, g.gC + out);
+      }
     }
   });
   return {gx, gdt, gA, gB, gC, gh0, gD, gz, gbias};
