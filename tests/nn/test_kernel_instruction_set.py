@@ -3,6 +3,10 @@ every AVX512 flag is listed, AVX2 (through SIMDe) where only AVX2, FMA and F16C 
 a missing SIMDe named with the package that provides it; each build its own cached directory."""
 from __future__ import annotations
 
+from pathlib import Path
+
+import simde_py
+
 from attnlab.nn import quant_kernel
 
 AVX512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "f16c", "fma", "avx2"}
@@ -36,6 +40,15 @@ def test_simde_is_found_on_cpath(monkeypatch, tmp_path):
     (tmp_path / quant_kernel.SIMDE_HEADER).write_text("")
     monkeypatch.setenv("CPATH", str(tmp_path))
     assert quant_kernel.simde_directory() == tmp_path
+
+
+def test_simde_comes_with_the_package_and_its_directory_is_in_the_avx2_flags(monkeypatch):
+    monkeypatch.delenv("CPATH", raising=False)
+    monkeypatch.setattr(quant_kernel, "SIMDE_DIRS", ())
+    found = quant_kernel.simde_directory()
+    assert found == Path(simde_py.get_include()) and (found / quant_kernel.SIMDE_HEADER).is_file()
+    assert f"-I{found}" in quant_kernel.compile_flags("avx2")
+    assert not any(f.startswith("-I") for f in quant_kernel.compile_flags("avx512"))
 
 
 def test_a_cpu_without_avx2_falls_back(monkeypatch):

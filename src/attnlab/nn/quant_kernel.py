@@ -32,6 +32,7 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
+import simde_py  # SIMDe's headers, for the AVX2 build (a few hundred KB of headers, nothing imported)
 import torch
 import torch.nn.functional as F
 
@@ -56,15 +57,16 @@ FLAGS = ["-O3", "-ffp-contract=off", "-fopenmp"]
 # The sources are written with AVX512 intrinsics. Each instruction set the extension builds for: the
 # CPU flags it needs (/proc/cpuinfo) and the compiler flags. "avx512" runs them natively; "avx2" (CPUs
 # without AVX512, e.g. AMD Zen 2/3) compiles the same sources through simd_compat.h, which maps each
-# AVX512 intrinsic onto two AVX2 halves with SIMDe (the header-only library, Debian's libsimde-dev),
-# so both builds compute the same values (the int32 block sums exactly, fp32 in the same order).
+# AVX512 intrinsic onto two AVX2 halves with SIMDe (the header-only library: the simde-py package, a
+# dependency, ships its headers; Debian's libsimde-dev or a directory on $CPATH serve too), so both
+# builds compute the same values (the int32 block sums exactly, fp32 in the same order).
 INSTRUCTION_SETS = {
     "avx512": ({"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "f16c", "fma"},
                ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mf16c", "-mfma"]),
     "avx2": ({"avx2", "fma", "f16c"}, ["-mavx2", "-mfma", "-mf16c"]),
 }
 SIMDE_HEADER = "simde/x86/avx512.h"
-SIMDE_DIRS = ("/usr/include", "/usr/local/include")  # and $CPATH's, where the compiler looks too
+SIMDE_DIRS = ("/usr/include", "/usr/local/include")  # and $CPATH's: where the compiler looks by itself
 LDFLAGS = ["-fopenmp"]
 TUNING_FIELDS = ("parallel_bytes", "prefetch_q", "prefetch_f32", "one_region", "prefetch_l2", "prefetch_spread",
                  "prefetch_kv")  # decode_matvec.h
@@ -89,14 +91,19 @@ def instruction_set() -> str | None:
 
 
 def simde_directory() -> Path | None:
-    """The include directory that holds SIMDe's AVX512 header (SIMDE_HEADER), or None."""
+    """The include directory that holds SIMDe's AVX512 header (SIMDE_HEADER), or None: $CPATH's
+    directories, then the simde-py package's, then the system's (SIMDE_DIRS)."""
     cpath = [d for d in os.environ.get("CPATH", "").split(os.pathsep) if d]
-    return next((Path(d) for d in [*cpath, *SIMDE_DIRS] if (Path(d) / SIMDE_HEADER).is_file()), None)
+    dirs = [*cpath, simde_py.get_include(), *SIMDE_DIRS]
+    return next((Path(d) for d in dirs if (Path(d) / SIMDE_HEADER).is_file()), None)
 
 
 def compile_flags(isa: str) -> list[str]:
-    """The compiler flags of the extension's build for the instruction set `isa`."""
-    return FLAGS + INSTRUCTION_SETS[isa][1]
+    """The compiler flags of the extension's build for the instruction set `isa` (the AVX2 build
+    also names the directory of SIMDe's headers, so a version's build is tied to the headers it used)."""
+    flags = FLAGS + INSTRUCTION_SETS[isa][1]
+    simde = simde_directory() if isa == "avx2" else None
+    return flags + ([f"-I{simde}"] if simde is not None else [])
 
 
 def _extension_name(isa: str = "avx512") -> str:
@@ -150,7 +157,7 @@ def _build() -> str | None:
         return "this CPU has neither AVX512-VNNI nor AVX2 with FMA and F16C"
     if isa == "avx2" and simde_directory() is None:  # the compiler finds it by itself there
         return (f"this CPU has no AVX512-VNNI; its AVX2 build needs SIMDe's headers ({SIMDE_HEADER}: "
-                "apt-get install libsimde-dev, or put their directory on CPATH)")
+                "pip install simde-py, apt-get install libsimde-dev, or put their directory on CPATH)")
     try:
         from torch.utils import cpp_extension  # optional: needs a C++ compiler and ninja at run time
         name = _extension_name(isa)
