@@ -199,9 +199,10 @@ def test_every_group_count_gives_the_same_gradients(n):
     """scan_backward's partial sums of ∂B, ∂C over 1 .. all groups of blocks (4 groups of 5 blocks:
     split unevenly) add up to the same gradients (to fp32 summation order); the other outputs are
     the same bits; a count out of range is refused by name."""
-    x, delta, A, B, C, D, h0 = _inputs(3, 11, 72, n, seed=4)
-    args = (x, delta, A.t().contiguous(), B, C, h0.transpose(1, 2).contiguous(), D, torch.randn(3, 11, 72),
-            torch.randn(72), True, torch.randn(3, 11, 72), None)
+    di = 4 * torch.ops.attnlab_ssm.lanes() + 8  # 5 blocks of the build's width, the last one partial
+    x, delta, A, B, C, D, h0 = _inputs(3, 11, di, n, seed=4)
+    args = (x, delta, A.t().contiguous(), B, C, h0.transpose(1, 2).contiguous(), D, torch.randn(3, 11, di),
+            torch.randn(di), True, torch.randn(3, 11, di), None)
     outs = {g: torch.ops.attnlab_ssm.scan_backward(*args, g) for g in (1, 2, 3, 4, 5)}  # 5 blocks
     for g, out in outs.items():
         assert out[3].shape == out[4].shape == (g, 3, 11, n)
@@ -233,3 +234,5 @@ def test_gradients_are_the_same_bits_on_one_thread_and_two():
 def test_backward_groups_cover_the_blocks_and_depend_on_the_shapes_only():
     assert [backward_groups(b, 256) for b in (1, 2, 12, 16, 64)] == [16, 8, 2, 1, 1]
     assert backward_groups(1, 20) == 2 and backward_groups(3, 8) == 1  # never more groups than blocks
+    assert [backward_groups(b, 256, lanes=8) for b in (1, 12)] == [16, 2]  # the AVX2 build's 8-channel blocks
+    assert backward_groups(1, 20, lanes=8) == 3

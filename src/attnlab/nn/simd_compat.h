@@ -53,12 +53,18 @@ inline __m128i cvtepi32_epi8(simde__m512i a) {
   for (int i = 0; i < 16; ++i) r[i] = static_cast<int8_t>(v[i]);
   return _mm_load_si128(reinterpret_cast<const __m128i*>(r));
 }
-inline simde__m512 maskz_loadu_ps(simde__mmask16 k, const void* p) {
+__attribute__((always_inline)) inline simde__m512 maskz_loadu_ps(simde__mmask16 k, const void* p) {
   const float* f = static_cast<const float*>(p);
+  if (k == 0xFFFF) return join(_mm256_loadu_ps(f), _mm256_loadu_ps(f + 8));  // a whole row: no mask to build
   return join(_mm256_maskload_ps(f, lanes8(k & 0xFF)), _mm256_maskload_ps(f + 8, lanes8(k >> 8)));
 }
-inline void mask_storeu_ps(void* p, simde__mmask16 k, simde__m512 a) {
+__attribute__((always_inline)) inline void mask_storeu_ps(void* p, simde__mmask16 k, simde__m512 a) {
   float* f = static_cast<float*>(p);
+  if (k == 0xFFFF) {  // a whole row
+    _mm256_storeu_ps(f, lo(a));
+    _mm256_storeu_ps(f + 8, hi(a));
+    return;
+  }
   _mm256_maskstore_ps(f, lanes8(k & 0xFF), lo(a));
   _mm256_maskstore_ps(f + 8, lanes8(k >> 8), hi(a));
 }
@@ -75,6 +81,18 @@ inline __m256i maskz_loadu_epi16(simde__mmask16 k, const void* p) {
   const uint16_t* s = static_cast<const uint16_t*>(p);
   for (int i = 0; i < 16; ++i) if ((k >> i) & 1) r[i] = s[i];
   return _mm256_load_si256(reinterpret_cast<const __m256i*>(r));
+}
+// compares to a 16-bit mask and blends by one through AVX2's vector compares and blends (SIMDe's go
+// through 128-bit pieces and bit tests, several times the cost)
+template <int imm>
+__attribute__((always_inline)) inline simde__mmask16 cmp_ps_mask(simde__m512 a, simde__m512 b) {
+  const int l = _mm256_movemask_ps(_mm256_cmp_ps(lo(a), lo(b), imm));
+  const int h = _mm256_movemask_ps(_mm256_cmp_ps(hi(a), hi(b), imm));
+  return static_cast<simde__mmask16>(l | (h << 8));
+}
+__attribute__((always_inline)) inline simde__m512 mask_blend_ps(simde__mmask16 k, simde__m512 a, simde__m512 b) {
+  return join(_mm256_blendv_ps(lo(a), lo(b), _mm256_castsi256_ps(lanes8(k & 0xFF))),
+              _mm256_blendv_ps(hi(a), hi(b), _mm256_castsi256_ps(lanes8(k >> 8))));
 }
 // the reductions in GCC's order (halves of 256, of 128, then pairs), so sums round as with AVX512
 inline float reduce_add_ps(simde__m512 a) {
@@ -103,14 +121,14 @@ inline simde__m512 roundscale_ps(simde__m512 a) {
 }
 // a · 2^b for integer-valued b with |b| <= 252 (exp16's u · 2^q): two exact power-of-2 factors, one
 // rounding, as AVX512's scalef (SIMDe's multiplies by exp2(b), which is itself rounded below 2^-126)
-inline __m256 scalef8(__m256 a, __m256 b) {
+__attribute__((always_inline)) inline __m256 scalef8(__m256 a, __m256 b) {
   const __m256i q = _mm256_cvtps_epi32(b), h = _mm256_srai_epi32(q, 1);
   const __m256 f1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(h, _mm256_set1_epi32(127)), 23));
   const __m256 f2 = _mm256_castsi256_ps(
       _mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(q, h), _mm256_set1_epi32(127)), 23));
   return _mm256_mul_ps(_mm256_mul_ps(a, f1), f2);
 }
-inline simde__m512 scalef_ps(simde__m512 a, simde__m512 b) { return join(scalef8(lo(a), lo(b)), scalef8(hi(a), hi(b))); }
+__attribute__((always_inline)) inline simde__m512 scalef_ps(simde__m512 a, simde__m512 b) { return join(scalef8(lo(a), lo(b)), scalef8(hi(a), hi(b))); }
 // vpdpbusd (u8 × s8, each group of 4 bytes summed into the int32 lane, no saturation) exactly, in 9
 // AVX2 operations without byte shuffles (SIMDe's generic form shuffles bytes, ~3x slower in decoding):
 // the even bytes, zero- (u8) and sign-extended (s8) to int16 in place, then vpmaddwd sums bytes 0 + 2
@@ -145,6 +163,10 @@ inline simde__m512i dpbusd(simde__m512i acc, simde__m512i u, simde__m512i s) {
 #define _mm512_reduce_max_ps attnlab_simd::reduce_max_ps
 #define _mm512_reduce_add_epi32 attnlab_simd::reduce_add_epi32
 #define _mm512_shuffle_f32x4(a, b, imm8) simde_mm512_shuffle_f32x4(a, b, imm8)
+#undef _mm512_cmp_ps_mask
+#define _mm512_cmp_ps_mask(a, b, imm) attnlab_simd::cmp_ps_mask<(imm)>(a, b)
+#undef _mm512_mask_blend_ps
+#define _mm512_mask_blend_ps attnlab_simd::mask_blend_ps
 #undef _mm512_roundscale_ps
 #define _mm512_roundscale_ps(a, imm) attnlab_simd::roundscale_ps<(imm)>(a)
 #undef _mm512_scalef_ps

@@ -205,7 +205,7 @@ class _ScanKernel(torch.autograd.Function):
         g_last = None if g_last is None else g_last.contiguous()
         gx, gdt, gA, gB, gC, gh0, gD, gz, gbias = torch.ops.attnlab_ssm.scan_backward(
             x, dt, At, B, C, h0, D, z, bias, ctx.softplus, g_y.contiguous(), g_last,
-            backward_groups(x.shape[0], x.shape[2]))
+            backward_groups(x.shape[0], x.shape[2], _BUILD["lanes"]))
         return (gx, gdt, gA.sum(0), gB.sum(0), gC.sum(0), None if h0 is None else gh0,
                 None if D is None else gD.sum(0), None if z is None else gz, None if bias is None else gbias.sum(0),
                 None)
@@ -215,12 +215,13 @@ def _fake_forward(x, dt, At, B, C, h0, D, z, bias, softplus):
     return torch.empty_like(x), x.new_empty(x.shape[0], At.shape[0], x.shape[2])
 
 
-def backward_groups(batch: int, d_inner: int) -> int:
-    """How many groups the scan's backward takes each sequence's Di / 16 channel blocks in (1 ..
-    blocks): enough that batch · groups ≥ 16 units of work for the threads, and no more, since each
+def backward_groups(batch: int, d_inner: int, lanes: int = 16) -> int:
+    """How many groups the scan's backward takes each sequence's Di / lanes channel blocks in (1 ..
+    blocks; lanes: the build's channels per block, torch.ops.attnlab_ssm.lanes(), 16 with AVX512 and 8
+    with AVX2): enough that batch · groups ≥ 16 units of work for the threads, and no more, since each
     group sums its ∂B, ∂C lanes on its own (ssm_scan.cpp). A function of the shapes only, so the
     sums' order, and the bits, do not depend on the thread count."""
-    return max(1, min(-(-d_inner // 16), -(-16 // batch)))
+    return max(1, min(-(-d_inner // lanes), -(-16 // batch)))
 
 
 def _fake_backward(x, dt, At, B, C, h0, D, z, bias, softplus, g_y, g_last, groups):
@@ -232,8 +233,13 @@ def _fake_backward(x, dt, At, B, C, h0, D, z, bias, softplus, g_y, g_last, group
             torch.empty_like(x) if z is not None else x.new_empty(0), per_b(bias)]
 
 
+_BUILD = {"lanes": 16}  # the loaded extension's channels per block (ssm_scan.cpp lanes(): 16 AVX512, 8 AVX2)
+
+
 def _register_fakes() -> None:
-    """Shapes of the kernels' outputs, for torch.compile (run once the extension has loaded)."""
+    """Shapes of the kernels' outputs, for torch.compile, and the build's block width (run once the
+    extension has loaded)."""
+    _BUILD["lanes"] = torch.ops.attnlab_ssm.lanes()
     torch.library.register_fake("attnlab_ssm::scan_forward")(_fake_forward)
     torch.library.register_fake("attnlab_ssm::scan_backward")(_fake_backward)
 

@@ -1,6 +1,6 @@
 // Mamba's selective scan (nn/ssm.py), forward and backward, in registers: for each sequence b and
-// each block of 16 channels d, the N states of the 16 channels are 16-lane vectors h[n] that stay in
-// registers over the whole sequence, so the (B, T, Di, N) tensors of the scan are never written.
+// each block of kLanes channels d (16 with AVX512, 8 with AVX2: ssm_lanes.h), the N states of the
+// block's channels are vectors h[n] that stay in registers over the whole sequence, so the (B, T, Di, N) tensors of the scan are never written.
 //
 // Shapes (fp32, contiguous): x, dt, z (B, T, Di); At (N, Di) = Aᵀ; B, C (B, T, N); h0 (B, N, Di);
 // D, dt_bias (Di,); z, D and dt_bias optional. Forward, for t = 0 .. T − 1 (nn/ssm.py; Gu & Dao 2023
@@ -17,8 +17,8 @@
 // and through the maps: g_y ← g_out · SiLU(z), ∂z = g_out · y · SiLU'(z), ∂D = Σ g_y x, ∂x += D g_y,
 // ∂dt = ∂Δ · sigmoid(dt + dt_bias) (softplus'), ∂dt_bias = Σ ∂dt.
 // ∂A, ∂D and ∂dt_bias sum over sequences: each sequence writes its own partial sums, which the caller
-// adds (nn/ssm.py). ∂B_t and ∂C_t sum over the Di channels: the blocks of 16 channels are taken in
-// `groups` groups per sequence (the caller's choice); within a group each step's 16-lane products
+// adds (nn/ssm.py). ∂B_t and ∂C_t sum over the Di channels: the blocks of kLanes channels are taken in
+// `groups` groups per sequence (the caller's choice); within a group each step's kLanes-lane products
 // are added up over the group's blocks in a per-thread buffer (T · N vectors each) and summed over
 // their lanes once, at the group's end (summing the lanes at every step of every block took most of
 // the adjoint steps' time); each (group, b) writes its partial sums, which the caller adds.
@@ -70,7 +70,7 @@ Scan make(const at::Tensor& x, const at::Tensor& dt, const at::Tensor& At, const
 template <int64_t kN>
 void forward_block(const Scan& s, int64_t b, int64_t d0, const float* h0, float* y, float* last) {
   Vectors<kN> hs(states<kN>(s));
-  __m512* h = hs.data();
+  Vec* h = hs.data();
   load_state(h0, b, d0, states<kN>(s), s.Di, h);
   steps<kN, true>(s, b, d0, 0, s.T, h, y, Kept{}, [&](int64_t t) {
     s.prefetch_step(b, t, d0);
@@ -112,7 +112,7 @@ struct Grads {
 // Per thread: the first state of each segment, what the recomputation keeps of each of its steps, and
 // the ∂B_t, ∂C_t lanes of every step summed over a group's blocks.
 struct Scratch {
-  std::vector<__m512> starts, prev, decay, ys, deltas, sumB, sumC;
+  std::vector<Vec> starts, prev, decay, ys, deltas, sumB, sumC;
   Scratch(int64_t segments, int64_t N, int64_t T)
       : starts(segments * N), prev(kSegment * N), decay(kSegment * N), ys(kSegment), deltas(kSegment),
         sumB(T * N), sumC(T * N) {}
@@ -124,50 +124,49 @@ struct Scratch {
 // ht(n) is h_t; j indexes step t in the scratch's segment buffers.
 template <int64_t kN, typename State>
 inline void adjoint_step(const Scan& s, const Grads& g, int64_t b, int64_t blk, int64_t t,
-                         int64_t j, State ht, __m512* gh, __m512* gAacc, __m512& gDacc, __m512& gbacc,
+                         int64_t j, State ht, Vec* gh, Vec* gAacc, Vec& gDacc, Vec& gbacc,
                          Scratch& w, bool first) {
   const int64_t N = states<kN>(s), d0 = blk * kLanes, r = s.row(b, t, d0);
-  const __mmask16 m = lanes(d0, s.Di);
-  const __m512 dtv = w.deltas[j], xv = load(s.x + r, m), dx = _mm512_mul_ps(dtv, xv);
-  const __m512 Dv = s.D ? load(s.D + d0, m) : _mm512_setzero_ps();
-  __m512 gy = load(g.g_y + r, m);
+  const Mask m = lanes(d0, s.Di);
+  const Vec dtv = w.deltas[j], xv = load(s.x + r, m), dx = mul(dtv, xv);
+  const Vec Dv = s.D ? load(s.D + d0, m) : zero();
+  Vec gy = load(g.g_y + r, m);
   if (s.z) {  // y = (Σ C h + D x) · SiLU(z): torch's silu_backward, σ · (1 + z (1 − σ))
-    const __m512 zv = load(s.z + r, m), den = _mm512_add_ps(ones(), exp16(neg(zv)));
-    const __m512 sg = _mm512_div_ps(ones(), den), pre = _mm512_add_ps(w.ys[j], _mm512_mul_ps(Dv, xv));
-    const __m512 dsilu = _mm512_mul_ps(sg, _mm512_add_ps(ones(), _mm512_mul_ps(zv, _mm512_sub_ps(ones(), sg))));
-    _mm512_mask_storeu_ps(g.gz + r, m, _mm512_mul_ps(_mm512_mul_ps(gy, pre), dsilu));
-    gy = _mm512_mul_ps(gy, _mm512_div_ps(zv, den));
+    const Vec zv = load(s.z + r, m), den = add(ones(), vexp(neg(zv)));
+    const Vec sg = div(ones(), den), pre = add(w.ys[j], mul(Dv, xv));
+    const Vec dsilu = mul(sg, add(ones(), mul(zv, sub(ones(), sg))));
+    store(g.gz + r, m, mul(mul(gy, pre), dsilu));
+    gy = mul(gy, div(zv, den));
   }
-  if (s.D) gDacc = _mm512_add_ps(gDacc, _mm512_mul_ps(gy, xv));
+  if (s.D) gDacc = add(gDacc, mul(gy, xv));
   const float *Bt = s.B + (b * s.T + t) * N, *Ct = s.C + (b * s.T + t) * N;
-  __m512 g_dx = _mm512_setzero_ps(), g_dtA = _mm512_setzero_ps();
-  const __m512* prev = w.prev.data() + j * N;
-  const __m512* decay = w.decay.data() + j * N;
-  __m512* pb = w.sumB.data() + t * N;  // ∂B_t, ∂C_t lanes, summed over the group's blocks
-  __m512* pc = w.sumC.data() + t * N;
+  Vec g_dx = zero(), g_dtA = zero();
+  const Vec* prev = w.prev.data() + j * N;
+  const Vec* decay = w.decay.data() + j * N;
+  Vec* pb = w.sumB.data() + t * N;  // ∂B_t, ∂C_t lanes, summed over the group's blocks
+  Vec* pc = w.sumC.data() + t * N;
   for (int64_t n = 0; n < N; ++n) {
-    const __m512 c = _mm512_mul_ps(ht(n), gy);
-    pc[n] = first ? c : _mm512_add_ps(pc[n], c);
-    gh[n] = _mm512_add_ps(gh[n], _mm512_mul_ps(_mm512_set1_ps(Ct[n]), gy));
-    const __m512 a = decay[n];
-    const __m512 g_log = _mm512_mul_ps(_mm512_mul_ps(gh[n], prev[n]), a);
-    gAacc[n] = _mm512_add_ps(gAacc[n], _mm512_mul_ps(g_log, dtv));
-    g_dtA = _mm512_add_ps(g_dtA, _mm512_mul_ps(g_log, load(s.At + n * s.Di + d0, m)));
-    g_dx = _mm512_add_ps(g_dx, _mm512_mul_ps(gh[n], _mm512_set1_ps(Bt[n])));
-    const __m512 bb = _mm512_mul_ps(gh[n], dx);  // 0 in the lanes past Di: dx is
-    pb[n] = first ? bb : _mm512_add_ps(pb[n], bb);
-    gh[n] = _mm512_mul_ps(gh[n], a);
+    const Vec c = mul(ht(n), gy);
+    pc[n] = first ? c : add(pc[n], c);
+    gh[n] = add(gh[n], mul(set1(Ct[n]), gy));
+    const Vec a = decay[n];
+    const Vec g_log = mul(mul(gh[n], prev[n]), a);
+    gAacc[n] = add(gAacc[n], mul(g_log, dtv));
+    g_dtA = add(g_dtA, mul(g_log, load(s.At + n * s.Di + d0, m)));
+    g_dx = add(g_dx, mul(gh[n], set1(Bt[n])));
+    const Vec bb = mul(gh[n], dx);  // 0 in the lanes past Di: dx is
+    pb[n] = first ? bb : add(pb[n], bb);
+    gh[n] = mul(gh[n], a);
   }
-  const __m512 gxv = _mm512_mul_ps(g_dx, dtv);
-  _mm512_mask_storeu_ps(g.gx + r, m, s.D ? _mm512_add_ps(gxv, _mm512_mul_ps(Dv, gy)) : gxv);
-  __m512 gd = _mm512_add_ps(g_dtA, _mm512_mul_ps(g_dx, xv));  // ∂Δ
+  const Vec gxv = mul(g_dx, dtv);
+  store(g.gx + r, m, s.D ? add(gxv, mul(Dv, gy)) : gxv);
+  Vec gd = add(g_dtA, mul(g_dx, xv));  // ∂Δ
   if (s.softplus) {  // torch's softplus_backward: v > 20 ? g : g · e^v / (e^v + 1)
-    const __m512 raw = s.raw_delta(r, d0, m), e = exp16(raw);
-    const __mmask16 big = _mm512_cmp_ps_mask(raw, _mm512_set1_ps(20.0f), _CMP_GT_OQ);
-    gd = _mm512_mask_blend_ps(big, _mm512_div_ps(_mm512_mul_ps(gd, e), _mm512_add_ps(e, ones())), gd);
+    const Vec raw = s.raw_delta(r, d0, m), e = vexp(raw);
+    gd = where_gt(raw, 20.0f, div(mul(gd, e), add(e, ones())), gd);
   }
-  if (s.dt_bias) gbacc = _mm512_add_ps(gbacc, gd);
-  _mm512_mask_storeu_ps(g.gdt + r, m, gd);
+  if (s.dt_bias) gbacc = add(gbacc, gd);
+  store(g.gdt + r, m, gd);
 }
 
 // One (sequence, channel block) of the backward pass: the segments' first states, then segment by
@@ -176,9 +175,9 @@ inline void adjoint_step(const Scan& s, const Grads& g, int64_t b, int64_t blk, 
 template <int64_t kN>
 void backward_block(const Scan& s, const Grads& g, Scratch& w, int64_t b, int64_t blk, bool first) {
   const int64_t N = states<kN>(s), T = s.T, d0 = blk * kLanes, segments = (T + kSegment - 1) / kSegment;
-  const __mmask16 m = lanes(d0, s.Di);
+  const Mask m = lanes(d0, s.Di);
   Vectors<kN> hs(N), ghs(N), gAs(N);  // states, their adjoints, ∂A's sums
-  __m512 *h = hs.data(), *gh = ghs.data(), *gAacc = gAs.data();
+  Vec *h = hs.data(), *gh = ghs.data(), *gAacc = gAs.data();
   load_state(g.h0, b, d0, N, s.Di, h);
   for (int64_t k = 0; k < segments; ++k) {  // the first state of every segment
     std::copy(h, h + N, w.starts.begin() + k * N);
@@ -187,8 +186,8 @@ void backward_block(const Scan& s, const Grads& g, Scratch& w, int64_t b, int64_
                        [&](int64_t t) { s.prefetch_step(b, t, d0); });
   }
   load_state(g.g_last, b, d0, N, s.Di, gh);
-  for (int64_t n = 0; n < N; ++n) gAacc[n] = _mm512_setzero_ps();
-  __m512 gDacc = _mm512_setzero_ps(), gbacc = _mm512_setzero_ps();
+  for (int64_t n = 0; n < N; ++n) gAacc[n] = zero();
+  Vec gDacc = zero(), gbacc = zero();
   for (int64_t k = segments - 1; k >= 0; --k) {
     const int64_t t0 = k * kSegment, t1 = std::min(T, t0 + kSegment);
     std::copy(w.starts.begin() + k * N, w.starts.begin() + (k + 1) * N, h);
@@ -209,15 +208,15 @@ void backward_block(const Scan& s, const Grads& g, Scratch& w, int64_t b, int64_
     adjoint_step<kN>(s, g, b, blk, t1 - 1, t1 - 1 - t0, [&](int64_t n) { return h[n]; }, gh, gAacc, gDacc, gbacc,
                      w, first);
     for (int64_t t = t1 - 2; t >= t0; --t) {
-      const __m512* next = w.prev.data() + (t + 1 - t0) * N;
+      const Vec* next = w.prev.data() + (t + 1 - t0) * N;
       adjoint_step<kN>(s, g, b, blk, t, t - t0, [next](int64_t n) { return next[n]; }, gh, gAacc, gDacc,
                        gbacc, w, first);
     }
   }
   store_state(g.gA, b, d0, N, s.Di, gAacc);
   store_state(g.gh0, b, d0, N, s.Di, gh);
-  if (s.D) _mm512_mask_storeu_ps(g.gD + b * s.Di + d0, m, gDacc);
-  if (s.dt_bias) _mm512_mask_storeu_ps(g.gbias + b * s.Di + d0, m, gbacc);
+  if (s.D) store(g.gD + b * s.Di + d0, m, gDacc);
+  if (s.dt_bias) store(g.gbias + b * s.Di + d0, m, gbacc);
 }
 
 // groups: how many groups the Di / 16 channel blocks of a sequence are taken in (1 .. blocks).
@@ -233,7 +232,7 @@ std::vector<at::Tensor> scan_backward(const at::Tensor& x, const at::Tensor& dt,
   TORCH_CHECK(g_y.sizes() == x.sizes() && g_y.is_contiguous() && g_y.scalar_type() == at::kFloat, "g_y must be like x");
   const auto f = x.options();
   at::Tensor gx = at::empty_like(x), gdt = at::empty_like(x), gA = at::empty({nb, N, Di}, f);
-  TORCH_CHECK(groups >= 1 && groups <= nblk, "groups must be in 1 .. ", nblk, " (blocks of 16 channels), got ", groups);
+  TORCH_CHECK(groups >= 1 && groups <= nblk, "groups must be in 1 .. ", nblk, " (blocks of ", kLanes, " channels), got ", groups);
   at::Tensor gB = at::empty({groups, nb, T, N}, f), gC = at::empty({groups, nb, T, N}, f);
   at::Tensor gh0 = at::empty({nb, N, Di}, f);
   at::Tensor gD = s.D ? at::empty({nb, Di}, f) : at::empty({0}, f), gz = s.z ? at::empty_like(x) : at::empty({0}, f);
@@ -264,9 +263,14 @@ std::vector<at::Tensor> scan_backward(const at::Tensor& x, const at::Tensor& dt,
   return {gx, gdt, gA, gB, gC, gh0, gD, gz, gbias};
 }
 
+// The channels per block of this build (kLanes: 16 with AVX512, 8 with AVX2), which the caller's
+// group count is bounded by.
+int64_t lanes_per_block() { return kLanes; }
+
 }  // namespace
 
 TORCH_LIBRARY(attnlab_ssm, lib) {
+  lib.def("lanes() -> int", &lanes_per_block);
   lib.def("scan_forward(Tensor x, Tensor dt, Tensor At, Tensor B, Tensor C, Tensor? h0, Tensor? D, Tensor? z, "
           "Tensor? dt_bias, bool softplus) -> (Tensor, Tensor)");
   lib.def("scan_backward(Tensor x, Tensor dt, Tensor At, Tensor B, Tensor C, Tensor? h0, Tensor? D, Tensor? z, "

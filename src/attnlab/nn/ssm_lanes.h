@@ -1,0 +1,143 @@
+// The vector the selective-scan kernels (ssm_scan.h, ssm_scan.cpp) run on: kLanes channels in fp32,
+// 16 in a 512-bit register where the CPU has AVX512, 8 in a 256-bit one in the "avx2" build
+// (nn/quant_kernel.py INSTRUCTION_SETS, CPUs such as AMD EPYC Zen 3). The other kernels reach AVX2
+// through SIMDe's emulated 512-bit vectors (simd_compat.h); the scan cannot: it keeps N state vectors
+// in registers for a whole sequence, and as pairs of 256-bit halves with bit-by-bit masks they were
+// spilled and rebuilt at every step (the scan ran no faster than the PyTorch loop there). So the scan
+// is written once against the functions below, each one instruction of either width (exp and log1p:
+// Sleef's), in the same order: a channel's values have the same bits in both builds; only the sums
+// over channels (∂B, ∂C) add their lanes in groups of the width, in another order.
+#pragma once
+
+#include "simd_compat.h"
+#include <cmath>
+#include <cstdint>
+
+#include "decode_ops.h"  // exp16 / exp8 (Sleef's exp), tail_mask
+
+namespace attnlab_ssm {
+
+#if defined(__AVX512F__)
+// Sleef's log1p (1 ulp), exported by libtorch_cpu like its exp (decode_ops.h), as F.softplus runs it.
+// Weak, so a build of torch without it falls back to std::log1p lane by lane.
+extern "C" __m512 Sleef_log1pf16_u10(__m512) __attribute__((weak));
+
+using Vec = __m512;
+using Mask = __mmask16;  // the lanes of a block that hold channels (all but the last block's tail)
+constexpr int64_t kLanes = 16;
+
+__attribute__((always_inline)) inline Mask lanes(int64_t d0, int64_t di) {
+  return di - d0 >= kLanes ? (Mask)0xFFFF : attnlab_decode::tail_mask(di - d0);
+}
+__attribute__((always_inline)) inline Vec load(const float* p, Mask m) { return _mm512_maskz_loadu_ps(m, p); }
+__attribute__((always_inline)) inline void store(float* p, Mask m, Vec v) { _mm512_mask_storeu_ps(p, m, v); }
+__attribute__((always_inline)) inline Vec add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+__attribute__((always_inline)) inline Vec sub(Vec a, Vec b) { return _mm512_sub_ps(a, b); }
+__attribute__((always_inline)) inline Vec mul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
+__attribute__((always_inline)) inline Vec div(Vec a, Vec b) { return _mm512_div_ps(a, b); }
+__attribute__((always_inline)) inline Vec set1(float v) { return _mm512_set1_ps(v); }
+__attribute__((always_inline)) inline Vec zero() { return _mm512_setzero_ps(); }
+__attribute__((always_inline)) inline Vec vexp(Vec v) { return attnlab_decode::exp16(v); }
+// above where v > t (ordered), else below
+__attribute__((always_inline)) inline Vec where_gt(Vec v, float t, Vec below, Vec above) {
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, _mm512_set1_ps(t), _CMP_GT_OQ), below, above);
+}
+inline Vec vlog1p(Vec x) {
+  if (Sleef_log1pf16_u10 != nullptr) return Sleef_log1pf16_u10(x);
+  alignas(64) float t[16];
+  _mm512_store_ps(t, x);
+  for (float& v : t) v = std::log1p(v);
+  return _mm512_load_ps(t);
+}
+
+// r[n] = Σ of the 16 lanes of v[n], n = 0 .. 15: a butterfly of shuffles (46 instructions in place of
+// 16 horizontal reductions of 8 each), summing in another order than _mm512_reduce_add_ps.
+inline Vec hsum_lanes(const Vec* v) {
+  __m512 w[8], u[4], q[2];
+  for (int i = 0; i < 8; ++i)  // 256-bit halves
+    w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  for (int i = 0; i < 4; ++i)  // 128-bit quarters: quarter k of u[i] holds v[4i + k]
+    u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  for (int i = 0; i < 2; ++i)  // pairs of lanes
+    q[i] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(q[0], q[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_ps(q[0], q[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  // r[4k + j] is the sum of v[4j + k]
+  const __m512i order = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+  return _mm512_permutexvar_ps(order, r);
+}
+inline float hsum(Vec v) { return _mm512_reduce_add_ps(v); }
+inline void store_all(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+
+#else  // AVX2, FMA, F16C
+extern "C" __m256 Sleef_log1pf8_u10avx2(__m256) __attribute__((weak));
+
+using Vec = __m256;
+struct Mask {
+  __m256i on;  // all ones in the lanes that hold channels
+  bool full;   // every lane: plain loads and stores
+};
+constexpr int64_t kLanes = 8;
+
+__attribute__((always_inline)) inline Mask lanes(int64_t d0, int64_t di) {
+  const int64_t n = di - d0;
+  return {_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n < kLanes ? n : kLanes)),
+                             _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
+          n >= kLanes};
+}
+__attribute__((always_inline)) inline Vec load(const float* p, const Mask& m) {
+  return m.full ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, m.on);
+}
+__attribute__((always_inline)) inline void store(float* p, const Mask& m, Vec v) {
+  if (m.full)
+    _mm256_storeu_ps(p, v);
+  else
+    _mm256_maskstore_ps(p, m.on, v);
+}
+__attribute__((always_inline)) inline Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+__attribute__((always_inline)) inline Vec sub(Vec a, Vec b) { return _mm256_sub_ps(a, b); }
+__attribute__((always_inline)) inline Vec mul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
+__attribute__((always_inline)) inline Vec div(Vec a, Vec b) { return _mm256_div_ps(a, b); }
+__attribute__((always_inline)) inline Vec set1(float v) { return _mm256_set1_ps(v); }
+__attribute__((always_inline)) inline Vec zero() { return _mm256_setzero_ps(); }
+__attribute__((always_inline)) inline Vec vexp(Vec v) { return attnlab_decode::exp8(v); }
+__attribute__((always_inline)) inline Vec where_gt(Vec v, float t, Vec below, Vec above) {
+  return _mm256_blendv_ps(below, above, _mm256_cmp_ps(v, _mm256_set1_ps(t), _CMP_GT_OQ));
+}
+inline Vec vlog1p(Vec x) {
+  if (Sleef_log1pf8_u10avx2 != nullptr) return Sleef_log1pf8_u10avx2(x);
+  alignas(32) float t[8];
+  _mm256_store_ps(t, x);
+  for (float& v : t) v = std::log1p(v);
+  return _mm256_load_ps(t);
+}
+
+// r[n] = Σ of the 8 lanes of v[n], n = 0 .. 7: pairwise horizontal adds, then the two 128-bit halves.
+inline Vec hsum_lanes(const Vec* v) {
+  const __m256 a0 = _mm256_hadd_ps(v[0], v[1]), a1 = _mm256_hadd_ps(v[2], v[3]);
+  const __m256 a2 = _mm256_hadd_ps(v[4], v[5]), a3 = _mm256_hadd_ps(v[6], v[7]);
+  const __m256 b0 = _mm256_hadd_ps(a0, a1), b1 = _mm256_hadd_ps(a2, a3);  // halves: v0..3 | v4..7 of each
+  return _mm256_add_ps(_mm256_permute2f128_ps(b0, b1, 0x20), _mm256_permute2f128_ps(b0, b1, 0x31));
+}
+inline float hsum(Vec v) {
+  const __m128 u = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+  const __m128 w = _mm_add_ps(u, _mm_movehl_ps(u, u));
+  return _mm_cvtss_f32(_mm_add_ss(w, _mm_movehdup_ps(w)));
+}
+inline void store_all(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+#endif
+
+__attribute__((always_inline)) inline Vec ones() { return set1(1.0f); }
+__attribute__((always_inline)) inline Vec neg(Vec v) { return sub(zero(), v); }
+
+// out[n] = Σ of the lanes of v[n] for n < N: kLanes at a time through hsum_lanes, the rest one by one.
+inline void hsums(const Vec* v, int64_t N, float* out) {
+  int64_t n = 0;
+  for (; n + kLanes <= N; n += kLanes) store_all(out + n, hsum_lanes(v + n));
+  for (; n < N; ++n) out[n] = hsum(v[n]);
+}
+
+}  // namespace attnlab_ssm
