@@ -1,5 +1,5 @@
 // Mamba's causal depthwise convolution followed by SiLU (nn/causal_conv.py), forward and backward, in
-// the (B, T, Di) layout of the block: 16 channels per vector, the last K − 1 inputs in registers, so
+// the (B, T, Di) layout of the block: kLanes channels per vector (lanes.h: 16 with AVX512, 8 with AVX2), the last K − 1 inputs in registers, so
 // neither the transposes around F.conv1d nor its pre-activation output are ever written.
 //
 // Shapes (fp32, contiguous): x (B, T, Di); w (K, Di) = the conv1d weight (Di, 1, K) transposed;
@@ -8,7 +8,7 @@
 // Backward (p_t recomputed): with s = 1 / (1 + exp(−p)), g_p = g_y · s · (1 + p · (1 − s)) and
 //   ∂x_t = Σ_k w_k g_p,{t+K−1−k}     ∂w_k = Σ_{b,t} g_p,t x_{t−K+1+k}     ∂bias = Σ_{b,t} g_p,t
 // ∂w and ∂bias are written per sequence (partial sums the caller adds). Threads: at::parallel_for
-// over (sequence, block of 16 channels).
+// over (sequence, block of kLanes channels).
 // Source: Gu & Dao 2023, §3.4 and Figure 3 (the convolution before the SSM); Dao, causal-conv1d
 // (the fused kernel the reference implementation calls).
 #include <ATen/ATen.h>
@@ -17,14 +17,14 @@
 #include "simd_compat.h"
 #include <cstdint>
 
-#include "decode_ops.h"  // exp16 (Sleef's exp, as F.silu's), prefetch, tail_mask
+#include "decode_ops.h"  // prefetch
+#include "lanes.h"       // Vec, Mask, kLanes (16 with AVX512, 8 with AVX2) and the functions on them
 
 namespace {
 
-using attnlab_decode::exp16;
-using attnlab_decode::tail_mask;
+using namespace attnlab_lanes;
 
-constexpr int64_t kLanes = 16, kMaxK = 8;
+constexpr int64_t kMaxK = 8;
 // Rows prefetched ahead of the one in use. A (sequence, block) walks its T rows at a stride of Di
 // floats, one cache line each, which the hardware prefetcher does not follow: without it every row is
 // a miss of its own once the tensors have left the cache (as in training, where each layer's come
@@ -33,20 +33,18 @@ constexpr int64_t kAhead = 8;
 
 using attnlab_decode::prefetch;
 
-inline __mmask16 lanes(int64_t d0, int64_t di) { return di - d0 >= kLanes ? (__mmask16)0xFFFF : tail_mask(di - d0); }
-
 struct Conv {
   const float *x, *w, *bias;
   int64_t T, Di, K;
   int64_t blocks() const { return (Di + kLanes - 1) / kLanes; }
-  // p_t of sequence b, channels d0 .. d0 + 15 (x read from memory: the last K rows are in cache)
-  __m512 pre(int64_t b, int64_t t, int64_t d0, __mmask16 m) const {
-    __m512 p = bias ? _mm512_maskz_loadu_ps(m, bias + d0) : _mm512_setzero_ps();
+  // p_t of sequence b, channels d0 .. d0 + kLanes − 1 (x read from memory: the last K rows are in cache)
+  Vec pre(int64_t b, int64_t t, int64_t d0, const Mask& m) const {
+    Vec p = bias ? load(bias + d0, m) : zero();
     for (int64_t k = 0; k < K; ++k) {
       const int64_t s = t - K + 1 + k;
       if (s < 0) continue;
-      const __m512 xs = _mm512_maskz_loadu_ps(m, x + (b * T + s) * Di + d0);
-      p = _mm512_add_ps(p, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, w + k * Di + d0), xs));
+      const Vec xs = load(x + (b * T + s) * Di + d0, m);
+      p = add(p, mul(load(w + k * Di + d0, m), xs));
     }
     return p;
   }
@@ -63,9 +61,9 @@ Conv make(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tens
           x.size(1), x.size(2), w.size(0)};
 }
 
-inline __m512 silu(__m512 p) {  // p / (1 + exp(−p)), F.silu's operations
-  const __m512 one = _mm512_set1_ps(1.0f);
-  return _mm512_div_ps(p, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), p))));
+inline Vec silu(Vec p) {  // p / (1 + exp(−p)), F.silu's operations
+  const Vec one = set1(1.0f);
+  return div(p, add(one, vexp(sub(zero(), p))));
 }
 
 at::Tensor conv_silu_forward(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
@@ -75,13 +73,13 @@ at::Tensor conv_silu_forward(const at::Tensor& x, const at::Tensor& w, const c10
   at::parallel_for(0, x.size(0) * c.blocks(), 1, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t b = i / c.blocks(), d0 = (i % c.blocks()) * kLanes;
-      const __mmask16 m = lanes(d0, c.Di);
+      const Mask m = lanes(d0, c.Di);
       for (int64_t t = 0; t < c.T; ++t) {
         if (t + kAhead < c.T) {
           prefetch(c.x + (b * c.T + t + kAhead) * c.Di + d0);
           prefetch(yp + (b * c.T + t + kAhead) * c.Di + d0);
         }
-        _mm512_mask_storeu_ps(yp + (b * c.T + t) * c.Di + d0, m, silu(c.pre(b, t, d0, m)));
+        store(yp + (b * c.T + t) * c.Di + d0, m, silu(c.pre(b, t, d0, m)));
       }
     }
   });
@@ -97,17 +95,17 @@ std::vector<at::Tensor> conv_silu_backward(const at::Tensor& x, const at::Tensor
   at::Tensor gx = at::empty_like(x), gw = at::empty({nb, K, Di}, x.options()), gb = at::empty({nb, Di}, x.options());
   const float* gyp = g_y.data_ptr<float>();
   float *gxp = gx.data_ptr<float>(), *gwp = gw.data_ptr<float>(), *gbp = gb.data_ptr<float>();
-  const __m512 one = _mm512_set1_ps(1.0f);
+  const Vec one = set1(1.0f);
   at::parallel_for(0, nb * c.blocks(), 1, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t b = i / c.blocks(), d0 = (i % c.blocks()) * kLanes;
-      const __mmask16 m = lanes(d0, Di);
-      __m512 wk[kMaxK], acc_w[kMaxK], later[kMaxK];  // later[j] = g_p,{t+1+j}
+      const Mask m = lanes(d0, Di);
+      Vec wk[kMaxK], acc_w[kMaxK], later[kMaxK];  // later[j] = g_p,{t+1+j}
       for (int64_t k = 0; k < K; ++k) {
-        wk[k] = _mm512_maskz_loadu_ps(m, c.w + k * Di + d0);
-        acc_w[k] = later[k] = _mm512_setzero_ps();
+        wk[k] = load(c.w + k * Di + d0, m);
+        acc_w[k] = later[k] = zero();
       }
-      __m512 acc_b = _mm512_setzero_ps();
+      Vec acc_b = zero();
       for (int64_t t = T - 1; t >= 0; --t) {
         const int64_t ahead = (b * T + t - K + 1 - kAhead) * Di + d0;  // the row read kAhead steps later
         if (t - K + 1 - kAhead >= 0) prefetch(c.x + ahead);
@@ -115,25 +113,25 @@ std::vector<at::Tensor> conv_silu_backward(const at::Tensor& x, const at::Tensor
           prefetch(gyp + (b * T + t - kAhead) * Di + d0);
           prefetch(gxp + (b * T + t - kAhead) * Di + d0);
         }
-        const __m512 p = c.pre(b, t, d0, m);
-        const __m512 s = _mm512_div_ps(one, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), p))));
-        const __m512 ds = _mm512_mul_ps(s, _mm512_add_ps(one, _mm512_mul_ps(p, _mm512_sub_ps(one, s))));
-        const __m512 gp = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, gyp + (b * T + t) * Di + d0), ds);
-        acc_b = _mm512_add_ps(acc_b, gp);
+        const Vec p = c.pre(b, t, d0, m);
+        const Vec s = div(one, add(one, vexp(sub(zero(), p))));
+        const Vec ds = mul(s, add(one, mul(p, sub(one, s))));
+        const Vec gp = mul(load(gyp + (b * T + t) * Di + d0, m), ds);
+        acc_b = add(acc_b, gp);
         for (int64_t k = 0; k < K; ++k) {
           const int64_t src = t - K + 1 + k;
           if (src >= 0)
-            acc_w[k] = _mm512_add_ps(acc_w[k], _mm512_mul_ps(gp, _mm512_maskz_loadu_ps(m, c.x + (b * T + src) * Di + d0)));
+            acc_w[k] = add(acc_w[k], mul(gp, load(c.x + (b * T + src) * Di + d0, m)));
         }
         // ∂x_t = w_{K−1} g_p,t + Σ_{j<K−1} w_{K−2−j} g_p,{t+1+j}
-        __m512 g = _mm512_mul_ps(wk[K - 1], gp);
-        for (int64_t j = 0; j + 1 < K; ++j) g = _mm512_add_ps(g, _mm512_mul_ps(wk[K - 2 - j], later[j]));
-        _mm512_mask_storeu_ps(gxp + (b * T + t) * Di + d0, m, g);
+        Vec g = mul(wk[K - 1], gp);
+        for (int64_t j = 0; j + 1 < K; ++j) g = add(g, mul(wk[K - 2 - j], later[j]));
+        store(gxp + (b * T + t) * Di + d0, m, g);
         for (int64_t j = K - 2; j > 0; --j) later[j] = later[j - 1];
         if (K > 1) later[0] = gp;
       }
-      for (int64_t k = 0; k < K; ++k) _mm512_mask_storeu_ps(gwp + (b * K + k) * Di + d0, m, acc_w[k]);
-      _mm512_mask_storeu_ps(gbp + b * Di + d0, m, acc_b);
+      for (int64_t k = 0; k < K; ++k) store(gwp + (b * K + k) * Di + d0, m, acc_w[k]);
+      store(gbp + b * Di + d0, m, acc_b);
     }
   });
   return {gx, gw, gb};

@@ -48,7 +48,7 @@ except ImportError:  # pragma: no cover - Windows
 SOURCES = [Path(__file__).with_name(n) for n in ("quant_kernel.cpp", "fused_decode.cpp", "ssm_scan.cpp",
                                                   "causal_conv.cpp", "short_attention.cpp")]
 HEADERS = [Path(__file__).with_name(n) for n in ("simd_compat.h", "quant_kernel.h", "quant_tiles.h", "decode_matvec.h", "decode_ops.h",
-                                                  "decode_attention.h", "decode_team.h", "ssm_scan.h", "ssm_lanes.h")]
+                                                  "decode_attention.h", "decode_team.h", "ssm_scan.h", "lanes.h")]
 SCHEME_ID = {s: i for i, s in enumerate(SCHEMES)}  # = quant_kernel.h enum Scheme (tests/nn/test_kernel_ids.py)
 # -ffp-contract=off: a · b + c rounds twice, as PyTorch's separate ops do (explicit FMA intrinsics stay FMA).
 # -fopenmp: at::parallel_for is an inline template that runs serially unless the extension itself is built

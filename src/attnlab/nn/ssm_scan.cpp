@@ -1,5 +1,5 @@
 // Mamba's selective scan (nn/ssm.py), forward and backward, in registers: for each sequence b and
-// each block of kLanes channels d (16 with AVX512, 8 with AVX2: ssm_lanes.h), the N states of the
+// each block of kLanes channels d (16 with AVX512, 8 with AVX2: lanes.h), the N states of the
 // block's channels are vectors h[n] that stay in registers over the whole sequence, so the (B, T, Di, N) tensors of the scan are never written.
 //
 // Shapes (fp32, contiguous): x, dt, z (B, T, Di); At (N, Di) = Aᵀ; B, C (B, T, N); h0 (B, N, Di);

@@ -1,6 +1,6 @@
 // The pieces of the selective-scan kernels (ssm_scan.cpp): the scan's inputs, the element-wise maps
 // around it (Δ's bias and softplus, the skip D, the SiLU gate) and one run of steps over a block of
-// kLanes channels (16 with AVX512, 8 with AVX2: ssm_lanes.h, whose functions the code is written
+// kLanes channels (16 with AVX512, 8 with AVX2: lanes.h, whose functions the code is written
 // with). Every map rounds as the PyTorch operation it stands for (Sleef's exp and log1p, as F.silu and
 // F.softplus run them: exp16 / exp8 are Sleef's written out inline; no FMA: -ffp-contract=off), and
 // each block's rows are prefetched kAhead steps ahead.
@@ -11,10 +11,11 @@
 #include <vector>
 
 #include "decode_ops.h"  // prefetch
-#include "ssm_lanes.h"   // Vec, Mask, kLanes and the functions on them
+#include "lanes.h"       // Vec, Mask, kLanes and the functions on them
 
 namespace attnlab_ssm {
 
+using namespace attnlab_lanes;
 using attnlab_decode::prefetch;
 
 // Rows prefetched ahead of the step in use: a (sequence, block) walks its rows at a stride of Di

@@ -15,7 +15,7 @@
 
 #include "decode_ops.h"  // exp16 / exp8 (Sleef's exp), tail_mask
 
-namespace attnlab_ssm {
+namespace attnlab_lanes {
 
 #if defined(__AVX512F__)
 // Sleef's log1p (1 ulp), exported by libtorch_cpu like its exp (decode_ops.h), as F.softplus runs it.
@@ -140,4 +140,4 @@ inline void hsums(const Vec* v, int64_t N, float* out) {
   for (; n < N; ++n) out[n] = hsum(v[n]);
 }
 
-}  // namespace attnlab_ssm
+}  // namespace attnlab_lanes
