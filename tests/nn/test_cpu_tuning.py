@@ -10,16 +10,30 @@ INTEL = ("vendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Platinum 848
          "flags\t\t: fpu avx512f avx512_vnni avx512_bf16 amx_bf16 amx_tile amx_int8\n")
 
 
-@pytest.mark.parametrize("text, row, amx", [(AMD, "amd", False), (INTEL, "intel", True)])
-def test_the_row_follows_the_vendor(tmp_path, monkeypatch, text, row, amx):
+ZEN3 = "vendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx avx2 fma f16c\n"
+
+
+@pytest.mark.parametrize("text, row, avx512, amx", [(AMD, "amd", True, False), (INTEL, "intel", True, True),
+                                                    (ZEN3, "amd_avx2", False, False)])
+def test_the_row_follows_the_vendor_and_avx512(tmp_path, monkeypatch, text, row, avx512, amx):
     monkeypatch.delenv(cpu_tuning.ENV, raising=False)
     path = tmp_path / "cpuinfo"
     path.write_text(text)
     info = cpu_tuning.cpu_info(str(path))
-    assert info["flags"] == {"avx512_vnni": True, "avx512_bf16": True, "amx": amx}
+    assert info["flags"] == {"avx512f": avx512, "avx512_vnni": avx512, "avx512_bf16": avx512, "amx": amx}
     assert cpu_tuning.kind(info) == row and cpu_tuning.choose(info) == cpu_tuning.ROWS[row]
     assert cpu_tuning.linear_form(True, info) == cpu_tuning.ROWS[row].linear_form
-    assert cpu_tuning.linear_form(False, info) == ("bmm" if row == "amd" else "blas")
+    assert cpu_tuning.linear_form(False, info) == ("bmm" if row.startswith("amd") else "blas")
+
+
+def test_cpus_without_avx512_take_the_8_row_tiles(tmp_path, monkeypatch):
+    """Zen 3's row: the AVX2 build's 16-row tiles spill (bench/results/quant_tiles_amd_epyc_zen3.json)."""
+    monkeypatch.delenv(cpu_tuning.TILE_ENV, raising=False)
+    monkeypatch.delenv(cpu_tuning.ENV, raising=False)
+    path = tmp_path / "cpuinfo"
+    path.write_text(ZEN3)
+    info = cpu_tuning.cpu_info(str(path))
+    assert [cpu_tuning.quant_tile(s, info) for s in ("q8_0", "q4_0", "q4_1")] == [8, 8, 8]
 
 
 def test_the_choice_is_deterministic_and_recorded(monkeypatch):
@@ -53,3 +67,11 @@ def test_this_machine_is_read_once(monkeypatch):
     first["flags"]["amx"] = "changed by a caller"
     assert reads.count(cpu_tuning.CPUINFO) <= 1
     assert cpu_tuning.cpu_info()["flags"]["amx"] in (True, False)  # each call its own copy
+
+
+@pytest.mark.parametrize("text, dtype", [(AMD, "bf16"), (INTEL, "bf16"), (ZEN3, "fp32")])
+def test_the_quantized_prefill_product_is_bf16_only_where_bf16_is_native(tmp_path, text, dtype):
+    path = tmp_path / "cpuinfo"
+    path.write_text(text)
+    assert cpu_tuning.prefill_dtype(cpu_tuning.cpu_info(str(path))) == dtype
+    assert cpu_tuning.chosen(True)["prefill_dtype"] == cpu_tuning.prefill_dtype()  # this machine's, recorded

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from attnlab.generate import generate
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.interop.gguf_quants import GGML_TYPE, from_gguf_blocks, to_gguf_blocks
+from attnlab.nn import cpu_tuning
 from attnlab.nn.quant import SCHEMES, dequantize, quantize, quantize_activations
 from attnlab.nn.quant_kernel import PREFILL_ROWS, kernel, quant_matmul
 from attnlab.nn.quant_linear import QuantEmbedding, QuantLinear, check_dtype, quantize_model, set_dtype
@@ -85,13 +86,20 @@ def test_quant_linear_within_the_rounding_bound(scheme, impl, rows):
 
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("scheme", SCHEMES)
-def test_many_rows_take_the_bf16_product(scheme, impl):
+@pytest.mark.parametrize("prefill", ["bf16", "fp32"])
+def test_many_rows_take_the_machines_prefill_product(scheme, impl, prefill, monkeypatch):
+    """bf16 where the CPU multiplies bf16 natively, fp32 elsewhere (cpu_tuning.prefill_dtype)."""
+    monkeypatch.setattr(cpu_tuning, "prefill_dtype", lambda info=None: prefill)
     qw = quantize(_weights(rows=40, cols=128), scheme)
     x = torch.randn(PREFILL_ROWS, 128)
-    expected = F.linear(x.bfloat16(), dequantize(qw).bfloat16()).float()
-    assert torch.equal(quant_matmul(x, qw, impl), expected)
+    if prefill == "bf16":
+        expected, same = F.linear(x.bfloat16(), dequantize(qw).bfloat16()).float(), torch.equal
+    else:  # the same product up to fp32 summation order (BLAS may block the two calls differently)
+        expected = F.linear(x, dequantize(qw))
+        same = lambda a, b: torch.allclose(a, b, rtol=1e-5, atol=1e-5)  # noqa: E731
+    assert same(quant_matmul(x, qw, impl), expected)
     layer = QuantLinear(qw)
-    assert torch.equal(layer(x[None]), expected[None])
+    assert same(layer(x[None]), expected[None])
     assert torch.allclose(layer(x[:5]), quant_matmul(x[:5], qw, impl), rtol=1e-5, atol=1e-4)  # int8 below
 
 

@@ -99,9 +99,12 @@ def test_prefill_dequantization_reads_either_layout(scheme):
         w = quantize(_weights(rows=out, cols=320, seed=out), scheme)
         rows = op(w.qs, w.d, w.m, SCHEME_ID[scheme], 0)
         assert torch.equal(rows, dequantize(w).bfloat16())
+        f32 = torch.ops.attnlab_quant.dequantize_f32(w.qs, w.d, w.m, SCHEME_ID[scheme], 0)
+        assert torch.equal(f32, dequantize(w))  # the fp32 prefill's weight (cpu_tuning.prefill_dtype)
         for tile in (8, 16):  # whole tiles at a time (regression: each row's blocks gathered one by one)
             t = to_tiles(w, tile)
             assert torch.equal(op(t.qs, t.d, t.m, SCHEME_ID[scheme], tile), rows), (out, tile)
+            assert torch.equal(torch.ops.attnlab_quant.dequantize_f32(t.qs, t.d, t.m, SCHEME_ID[scheme], tile), f32)
     qw = quantize(_weights(rows=37, cols=128), scheme)
     x = torch.randn(PREFILL_ROWS, 128)
     assert torch.equal(quant_matmul(x, to_tiles(qw, 16)), quant_matmul(x, qw))  # the bf16 product

@@ -34,7 +34,14 @@ Where a value came from (bench/decode_tuning.py runs the sweeps; the README keep
         --dtypes auto q8_0 --rounds 3 --steps 10 --context 200 --candidates '' one_region=1 ...`,
         bench/results/decode_tuning_intel_spr.json: B = 1 steps 1.02-1.07x, B = 8 1.02x faster than a
         fork/join per product); the spread prefetches lost there at B = 1 (0.84-0.90x), so the bursts stay.
-    AMD (AuthenticAMD; EPYC Zen 4, issue 23's host): see AMD_ZEN4 below.
+    AMD without AVX512 (AuthenticAMD, no avx512f: EPYC Zen 2/3; the extension's AVX2 build, whose 16-lane
+        vectors SIMDe emulates as pairs of 8-lane ones): AMD_AVX2, Zen 4's row with the 8-row tiles,
+        which keep a tile's weights and accumulators in the 16 AVX2 registers. Measured on an EPYC Zen 3
+        on 2026-12-07 (`python bench/quant_tiles.py --precisions q8_0 q4_1 q4_0 --configs 0 16 8
+        --batches 1 8 --rounds 3 --steps 10`, bench/results/quant_tiles_amd_epyc_zen3.json): 8 rows
+        1.27x / 1.72x / 2.64x the 16-row tiles at B = 1 (Q8_0 / Q4_1 / Q4_0) and 4.9x / 2.6x / 1.9x
+        at B = 8, where the 16-row tiles spilled (Q8_0 B = 8 ran at 0.39x its B = 1 tokens/s).
+    AMD (AuthenticAMD with AVX512; EPYC Zen 4, issue 23's host): see AMD_ZEN4 below.
         The tiles: AMD 16 rows for every format (bench/quant_tiles.py, bench/results/
         quant_tiles_amd_epyc.json: 1.06-1.14x the rows at B = 1, 1.3-1.6x at B = 8; 8 rows no better);
         Spread prefetches (prefetch_spread 1, prefetch_kv 2): `python bench/decode_tuning.py --dtypes
@@ -44,7 +51,7 @@ Where a value came from (bench/decode_tuning.py runs the sweeps; the README keep
         stalled the step (perf: the samples on the instruction after each prefetcht1); spread, B = 1 / 8
         steps 1.11-1.15x / 1.16-1.23x faster than the bursts. fp32
         keeps its burst (spread or none: 1.2x slower at B = 1, bandwidth-bound).
-The chosen values are printed in every bench JSON (`chosen()`), ATTNLAB_CPU_TUNING=intel|amd
+The chosen values are printed in every bench JSON (`chosen()`), ATTNLAB_CPU_TUNING=intel|amd|amd_avx2
 forces one kind's row and ATTNLAB_QUANT_TILE=0|8|16 one tile for every format (to compare them on one
 machine; read when a weight is prepared).
 """
@@ -56,7 +63,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from attnlab.errors import UserError
-ENV = "ATTNLAB_CPU_TUNING"  # "intel" / "amd": use that kind's row whatever this CPU is
+ENV = "ATTNLAB_CPU_TUNING"  # "intel" / "amd" / "amd_avx2": use that kind's row whatever this CPU is
 TILE_ENV = "ATTNLAB_QUANT_TILE"  # "0" / "8" / "16": that layout for every format (module doc)
 TILES = (0, 8, 16)  # = nn/quant.py TILES
 
@@ -80,7 +87,9 @@ INTEL_SPR = Tuning(prefetch_q=3072, prefetch_f32=0, parallel_bytes=1 << 15, one_
                    linear_form="cpp", tile_q8_0=16, tile_q4_0=16, tile_q4_1=16)
 AMD_ZEN4 = Tuning(prefetch_q=4096, prefetch_f32=16384, parallel_bytes=1 << 15, one_region=1, prefetch_l2=1,
                   linear_form="cpp", prefetch_spread=1, prefetch_kv=2, tile_q8_0=16, tile_q4_0=16, tile_q4_1=16)
-ROWS = {"intel": INTEL_SPR, "amd": AMD_ZEN4}
+AMD_AVX2 = Tuning(prefetch_q=4096, prefetch_f32=16384, parallel_bytes=1 << 15, one_region=1, prefetch_l2=1,
+                  linear_form="cpp", prefetch_spread=1, prefetch_kv=2, tile_q8_0=8, tile_q4_0=8, tile_q4_1=8)
+ROWS = {"intel": INTEL_SPR, "amd": AMD_ZEN4, "amd_avx2": AMD_AVX2}
 NOT_KERNEL = ("linear_form", "tile_q8_0", "tile_q4_0", "tile_q4_1")  # chosen in Python, not set in the extension
 
 
@@ -104,7 +113,7 @@ CPUINFO = "/proc/cpuinfo"
 
 
 def cpu_info(path: str = CPUINFO) -> dict:
-    """{"vendor", "model_name", "flags": {avx512_vnni, avx512_bf16, amx}} of this CPU ("" / False
+    """{"vendor", "model_name", "flags": {avx512f, avx512_vnni, avx512_bf16, amx}} of this CPU ("" / False
     where /proc/cpuinfo does not say). This machine's file is read once per process (the CPU does
     not change under it; nn/linear.py asks on every few-row product); each call gets its own copy."""
     info = _this_machine() if path == CPUINFO else _read_info(path)
@@ -126,7 +135,8 @@ def _read_info(path: str) -> dict:
         pass
     flags = set(fields.get("flags", "").split())
     return {"vendor": fields.get("vendor_id", ""), "model_name": fields.get("model name", ""),
-            "flags": {"avx512_vnni": "avx512_vnni" in flags, "avx512_bf16": "avx512_bf16" in flags,
+            "flags": {"avx512f": "avx512f" in flags, "avx512_vnni": "avx512_vnni" in flags,
+                      "avx512_bf16": "avx512_bf16" in flags,
                       "amx": bool({"amx_tile", "amx_int8", "amx_bf16"} & flags)}}
 
 
@@ -137,14 +147,26 @@ def native_bf16(info: dict | None = None) -> bool:
     return flags["avx512_bf16"] or flags["amx"]
 
 
+def prefill_dtype(info: dict | None = None) -> str:
+    """The dtype of a quantized weight's many-row (prefill) product here (nn/quant_kernel.py): "bf16"
+    where the CPU multiplies bf16 natively (native_bf16: oneDNN's bf16 GEMM, AMX where present,
+    about 1.8x the int8 kernel at 64 rows), else "fp32" (on AMD EPYC Zen 3, without AVX512-BF16,
+    oneDNN emulates bf16 products and the bf16 route prefilled SmolLM2 Q8_0 at 0.19x llama.cpp)."""
+    return "bf16" if native_bf16(info) else "fp32"
+
+
 def kind(info: dict | None = None) -> str:
-    """"amd" for an AuthenticAMD CPU, else "intel" (the rule's default row); ATTNLAB_CPU_TUNING overrides."""
+    """"amd" for an AuthenticAMD CPU with AVX512, "amd_avx2" for one without, else "intel" (the rule's
+    default row); ATTNLAB_CPU_TUNING overrides."""
     forced = os.environ.get(ENV, "")
     if forced:
         if forced not in ROWS:
             raise UserError(f"{ENV}={forced!r}: must be one of {', '.join(ROWS)}")
         return forced
-    return "amd" if (info or cpu_info())["vendor"] == "AuthenticAMD" else "intel"
+    info = info or cpu_info()
+    if info["vendor"] != "AuthenticAMD":
+        return "intel"
+    return "amd" if info["flags"].get("avx512f", True) else "amd_avx2"
 
 
 def choose(info: dict | None = None) -> Tuning:
@@ -154,17 +176,18 @@ def choose(info: dict | None = None) -> Tuning:
 
 def chosen(kernel_built: bool) -> dict:
     """What a bench JSON records: the CPU, the row chosen and its values (linear_form as it will
-    run: "cpp" needs the extension, else "bmm" on AMD and "blas" elsewhere)."""
+    run: "cpp" needs the extension, else "bmm" on AMD and "blas" elsewhere) and the dtype of the
+    quantized prefill product (prefill_dtype)."""
     info = cpu_info()
     row = choose(info)
     tiles = {f"tile_{s}": quant_tile(s, info) for s in ("q8_0", "q4_0", "q4_1")}
     return {"cpu": info, "tuning_row": kind(info), **asdict(row), "linear_form": linear_form(kernel_built, info),
-            **tiles}
+            **tiles, "prefill_dtype": prefill_dtype(info)}
 
 
 def linear_form(kernel_built: bool, info: dict | None = None) -> str:
     """The few-row fp32 product nn/linear.py runs here (module doc)."""
     row = choose(info)
     if row.linear_form == "cpp" and not kernel_built:
-        return "bmm" if kind(info) == "amd" else "blas"
+        return "bmm" if kind(info).startswith("amd") else "blas"
     return row.linear_form

@@ -22,6 +22,7 @@
 #include <torch/library.h>
 #include "simd_compat.h"
 #include <cstdint>
+#include <type_traits>
 
 #include "decode_matvec.h"
 #include "quant_kernel.h"
@@ -83,7 +84,8 @@ inline __m256i to_bf16(__m512 v) {
 
 // One block's 32 weights in ggml's byte order (Q8_0: 32 int8 in v; Q4: 16 nibble pairs in the low
 // half of v) -> 32 bf16 at dst: q · d, (q − 8) · d, q · d + m in fp32 (nn/quant.py's order), rounded.
-inline void block_to_bf16(int scheme, __m256i v, float d, float m, uint16_t* dst) {
+template <typename Out>  // uint16_t: bf16 bits (rounded to nearest even), float: fp32
+inline void block_to(int scheme, __m256i v, float d, float m, Out* dst) {
   const __m512 dv = _mm512_set1_ps(d);
   __m512 lo, hi;
   if (scheme == Q8_0) {
@@ -101,8 +103,13 @@ inline void block_to_bf16(int scheme, __m256i v, float d, float m, uint16_t* dst
       lo = _mm512_add_ps(_mm512_mul_ps(dv, lo), mv), hi = _mm512_add_ps(_mm512_mul_ps(dv, hi), mv);
     }
   }
-  _mm256_storeu_si256((__m256i*)dst, to_bf16(lo));
-  _mm256_storeu_si256((__m256i*)(dst + 16), to_bf16(hi));
+  if constexpr (std::is_same_v<Out, float>) {
+    _mm512_storeu_ps(dst, lo);
+    _mm512_storeu_ps(dst + 16, hi);
+  } else {
+    _mm256_storeu_si256((__m256i*)dst, to_bf16(lo));
+    _mm256_storeu_si256((__m256i*)(dst + 16), to_bf16(hi));
+  }
 }
 
 // Rows 8g .. 8g + 7 of one block of a T-row tile (blk: the block's dwords (K, T), from lane 8g): each
@@ -128,23 +135,25 @@ inline void tile_rows8(const int* blk, int64_t tile, int scheme, __m256i r[8]) {
   }
 }
 
-// W (O, I) as bf16: the dequantized weight (q · d, (q − 8) · d, q · d + m in fp32, then rounded),
-// for products with many rows (prefill), which a bf16 GEMM (oneDNN, AMX where present) does faster;
-// W in either layout (`tile`), the result in rows. Work units: whole T-row tiles (each block's rows
+// W (O, I) dequantized (q · d, (q − 8) · d, q · d + m in fp32), as bf16 (rounded) or fp32 (Out), for
+// products with many rows (prefill), which a GEMM does faster (bf16: oneDNN, AMX where present, on
+// CPUs with native bf16 products; fp32 elsewhere: nn/quant_kernel.py); W in either layout (`tile`),
+// the result in rows. Work units: whole T-row tiles (each block's rows
 // 8 at a time, tile_rows8), then the O % T rest rows (all rows when tile == 0) one by one.
-at::Tensor dequantize_bf16(const at::Tensor& qs, const at::Tensor& d, const c10::optional<at::Tensor>& m,
-                           int64_t scheme, int64_t tile) {
+template <typename Out>
+at::Tensor dequantize_to(const at::Tensor& qs, const at::Tensor& d, const c10::optional<at::Tensor>& m,
+                         int64_t scheme, int64_t tile) {
   attnlab_decode::check_tile(scheme, tile);
   TORCH_CHECK(d.dim() == 2 && d.scalar_type() == at::kHalf && d.is_contiguous(), "d must be (O, NB) float16");
   const int64_t out = d.size(0), nb = d.size(1), in = nb * QK;
   TORCH_CHECK(qs.is_contiguous() && qs.numel() == out * (scheme == Q8_0 ? in : in / 2), "qs does not match d");
   TORCH_CHECK(scheme != Q4_1 || (m.has_value() && m->is_contiguous() && m->sizes() == d.sizes()),
               "q4_1 needs m of d's shape");
-  at::Tensor w = at::empty({out, in}, d.options().dtype(at::kBFloat16));
+  at::Tensor w = at::empty({out, in}, d.options().dtype(std::is_same_v<Out, float> ? at::kFloat : at::kBFloat16));
   const uint8_t* q = (const uint8_t*)qs.data_ptr();
   const at::Half* dp = d.data_ptr<at::Half>();
   const at::Half* mp = scheme == Q4_1 ? m->data_ptr<at::Half>() : nullptr;
-  uint16_t* wp = (uint16_t*)w.data_ptr();
+  Out* wp = (Out*)w.data_ptr();
   const int64_t bpb = scheme == Q8_0 ? QK : QK / 2, row_bytes = nb * bpb;
   const int64_t tiles = tile > 0 ? out / tile : 0, first_rest = tiles * tile;  // tile 0: rows only
   const __m256i flip = _mm256_set1_epi8((char)0x80);  // tiles hold Q8_0's q + 128
@@ -162,7 +171,7 @@ at::Tensor dequantize_bf16(const at::Tensor& qs, const at::Tensor& d, const c10:
             tile_rows8(blk + g, tile, (int)scheme, r);
             for (int i = 0; i < 8; ++i) {
               const int64_t sc = b * tile + g + i;
-              block_to_bf16((int)scheme, scheme == Q8_0 ? _mm256_xor_si256(r[i], flip) : r[i], (float)dT[sc],
+              block_to((int)scheme, scheme == Q8_0 ? _mm256_xor_si256(r[i], flip) : r[i], (float)dT[sc],
                             mT == nullptr ? 0.0f : (float)mT[sc], wp + (u * tile + g + i) * in + b * QK);
             }
           }
@@ -173,12 +182,22 @@ at::Tensor dequantize_bf16(const at::Tensor& qs, const at::Tensor& d, const c10:
       for (int64_t b = 0; b < nb; ++b) {
         const __m256i v = scheme == Q8_0 ? _mm256_loadu_si256((const __m256i*)(q + o * row_bytes + b * bpb))
                                          : _mm256_castsi128_si256(_mm_loadu_si128((const __m128i*)(q + o * row_bytes + b * bpb)));
-        block_to_bf16((int)scheme, v, (float)dp[o * nb + b], mp == nullptr ? 0.0f : (float)mp[o * nb + b],
+        block_to((int)scheme, v, (float)dp[o * nb + b], mp == nullptr ? 0.0f : (float)mp[o * nb + b],
                       wp + o * in + b * QK);
       }
     }
   });
   return w;
+}
+
+at::Tensor dequantize_bf16(const at::Tensor& qs, const at::Tensor& d, const c10::optional<at::Tensor>& m,
+                           int64_t scheme, int64_t tile) {
+  return dequantize_to<uint16_t>(qs, d, m, scheme, tile);
+}
+
+at::Tensor dequantize_f32(const at::Tensor& qs, const at::Tensor& d, const c10::optional<at::Tensor>& m,
+                          int64_t scheme, int64_t tile) {
+  return dequantize_to<float>(qs, d, m, scheme, tile);
 }
 
 }  // namespace
@@ -187,6 +206,7 @@ TORCH_LIBRARY(attnlab_quant, lib) {
   lib.def("linear(Tensor x, Tensor qs, Tensor d, Tensor? m, int scheme, int tile) -> Tensor");
   lib.def("linear_f32(Tensor x, Tensor w) -> Tensor");
   lib.def("dequantize_bf16(Tensor qs, Tensor d, Tensor? m, int scheme, int tile) -> Tensor");
+  lib.def("dequantize_f32(Tensor qs, Tensor d, Tensor? m, int scheme, int tile) -> Tensor");
   lib.def("set_tuning", &set_tuning);
   lib.def("get_tuning", &get_tuning);
 }
@@ -195,4 +215,5 @@ TORCH_LIBRARY_IMPL(attnlab_quant, CPU, lib) {
   lib.impl("linear", &quant_linear);
   lib.impl("linear_f32", &linear_f32);
   lib.impl("dequantize_bf16", &dequantize_bf16);
+  lib.impl("dequantize_f32", &dequantize_f32);
 }

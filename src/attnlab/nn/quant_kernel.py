@@ -3,10 +3,12 @@
 Shape legend: R rows, I in_features, O out_features, NB = I / 32.
 Products of fewer than PREFILL_ROWS rows (decoding) use int8 arithmetic per 32-block, llama.cpp's
 way: F.linear(dequantize(quantize_activations(x)), dequantize(W)). Products of more rows (prefill,
-scoring) are compute-bound, and there a bf16 GEMM (oneDNN; AMX tiles on CPUs that have them) beats
-int8 dot products: W is dequantized to bf16 for the call (fp32 dequantization rounded to nearest
-even) and y = F.linear(bf16(x), bf16(Ŵ)), accumulated in fp32 and rounded to bf16 on output
-(bench/quant_kernels.py measures both; at 64 rows the bf16 route is about 1.8× faster here).
+scoring) are compute-bound, and there a GEMM of the weight dequantized for the call beats int8 dot
+products, in the dtype cpu_tuning.prefill_dtype chooses for the CPU: "bf16" where it multiplies bf16
+natively (oneDNN; AMX tiles on CPUs that have them): y = F.linear(bf16(x), bf16(Ŵ)) (fp32
+dequantization rounded to nearest even), accumulated in fp32 and rounded to bf16 on output
+(bench/quant_kernels.py measures both; at 64 rows the bf16 route is about 1.8× faster there);
+"fp32" elsewhere (bf16 products emulated are slower than fp32 ones): y = F.linear(x, Ŵ).
 Two implementations of each formula:
     "cpp"    quant_kernel.cpp, a small C++ extension (AVX512-VNNI int8 dot products per 32-block,
              llama.cpp's scheme), compiled with torch.utils.cpp_extension at first use (about a minute,
@@ -171,6 +173,7 @@ def _build() -> str | None:
         torch.library.register_fake("attnlab_quant::linear")(_fake)
         torch.library.register_fake("attnlab_quant::linear_f32")(_fake_f32)
         torch.library.register_fake("attnlab_quant::dequantize_bf16")(_fake_bf16)
+        torch.library.register_fake("attnlab_quant::dequantize_f32")(_fake_f32_weight)
         for register in ON_LOAD:
             register()
     except Exception as err:  # any build or load failure: fall back, saying why
@@ -208,6 +211,10 @@ def _fake_bf16(qs, d, m, scheme, tile):
     return d.new_empty(d.shape[0], d.shape[1] * BLOCK, dtype=torch.bfloat16)
 
 
+def _fake_f32_weight(qs, d, m, scheme, tile):
+    return d.new_empty(d.shape[0], d.shape[1] * BLOCK, dtype=torch.float32)
+
+
 def built_for() -> str | None:
     """The instruction set ("avx512", "avx2") of the loaded extension, or None (the fallback)."""
     return _state.get("instruction_set") if kernel() == "cpp" else None
@@ -225,15 +232,17 @@ def kernel() -> str:
 
 def matmul_reference(x: torch.Tensor, qw: QuantWeight) -> torch.Tensor:
     """The fallback: F.linear(dequantize(quantize_activations(x)), dequantize(W)), W in row slices
-    (from PREFILL_ROWS rows on: the bf16 product of the module doc).
+    (from PREFILL_ROWS rows on: the bf16 or fp32 product of the module doc, prefill_dtype).
 
     Args:
         x: (R, I) fp32. qw: an (O, I) QuantWeight.
     Returns:
         (R, O) fp32.
     """
-    if x.shape[0] >= PREFILL_ROWS:
+    if x.shape[0] >= PREFILL_ROWS and cpu_tuning.prefill_dtype() == "bf16":
         return F.linear(x.to(torch.bfloat16), dequantize(qw).to(torch.bfloat16)).to(torch.float32)
+    if x.shape[0] >= PREFILL_ROWS:
+        return F.linear(x, dequantize(qw))
     q, d = quantize_activations(x)
     r, i = x.shape
     xd = (q.reshape(r, i // BLOCK, BLOCK).to(torch.float32) * d.unsqueeze(-1)).reshape(r, i)
@@ -262,9 +271,11 @@ def quant_matmul(x: torch.Tensor, qw: QuantWeight, impl: str | None = None) -> t
     use_cpp = (impl or kernel()) == "cpp" and x.device.type == "cpu" and (in_features // BLOCK) % 2 == 0
     if use_cpp and impl == "cpp" and kernel() != "cpp":
         raise UserError("the C++ quantized kernel is not available here")
-    if use_cpp and x2.shape[0] >= PREFILL_ROWS:
+    if use_cpp and x2.shape[0] >= PREFILL_ROWS and cpu_tuning.prefill_dtype() == "bf16":
         w = torch.ops.attnlab_quant.dequantize_bf16(qw.qs, qw.d, qw.m, SCHEME_ID[qw.scheme], qw.tile)
         y = F.linear(x2.to(torch.bfloat16), w).to(torch.float32)
+    elif use_cpp and x2.shape[0] >= PREFILL_ROWS:
+        y = F.linear(x2, torch.ops.attnlab_quant.dequantize_f32(qw.qs, qw.d, qw.m, SCHEME_ID[qw.scheme], qw.tile))
     elif use_cpp:
         y = torch.ops.attnlab_quant.linear(x2, qw.qs, qw.d, qw.m, SCHEME_ID[qw.scheme], qw.tile)
     else:

@@ -88,8 +88,9 @@ class QuantLinear(_QuantBuffers):
     are quantized per 32-block to int8 (scale max|x| / 127), so the result equals F.linear(x̂, Ŵ) + b
     up to fp32 summation order, where Ŵ = dequantize(W) and x̂ is x rounded to its blocks' int8 grid:
     |y − F.linear(x, Ŵ)| ≤ Σ_b (dx_b / 2) Σ_{i∈b} |Ŵ_oi| per output. From PREFILL_ROWS rows on
-    (prefill) it is F.linear(bf16(x), bf16(Ŵ)), rounded to bf16 (nn/quant_kernel.py;
-    tests/nn/test_quant.py checks both).
+    (prefill) it is F.linear(bf16(x), bf16(Ŵ)), rounded to bf16, on CPUs with native bf16 products,
+    else F.linear(x, Ŵ) in fp32 (nn/quant_kernel.py, cpu_tuning.prefill_dtype; tests/nn/test_quant.py
+    checks each).
     """
 
     def __init__(self, qw: QuantWeight, bias: torch.Tensor | None = None):

@@ -18,13 +18,13 @@ Three implementations compute the same numbers (tests hold them to 1e-5 in fp32,
 
 - selective_scan_ref: the recurrence as written, one step at a time, differentiated by autograd.
   Readable; its backward is slow for long T.
-- selective_scan, impl "cpp" (the default where the C++ extension builds: x86-64 with AVX512):
-  ssm_scan.cpp keeps the N states of 16 channels as 16-lane vectors in registers for the whole
-  sequence, so no (B, T, Di, N) tensor is ever written; the backward recomputes the states in
+- selective_scan, impl "cpp" (the default where the C++ extension builds: x86-64 with AVX512, or
+  AVX2): ssm_scan.cpp keeps the N states of a block of channels (16 with AVX512, 8 with AVX2:
+  nn/lanes.h) as vectors in registers for the whole sequence, so no (B, T, Di, N) tensor is ever written; the backward recomputes the states in
   segments of 128 steps and runs the adjoint recurrence (g_{h,t} = C_t ⊗ g_{y,t} + Ā_{t+1} ⊙
   g_{h,t+1}) in registers too (the paper's §3.3.2 design, on a CPU's vector registers in place of
   a GPU's SRAM). ∂B_t and ∂C_t, sums over the channels, are added up over a group of channel
-  blocks as 16-lane vectors and summed over their lanes once per group (backward_groups).
+  blocks as vectors and summed over their lanes once per group (backward_groups).
   Forward + backward with one thread at B 12, Di 256, N 16 (bench/ssm_scan.py) it
   is about 4× the PyTorch loop below at T = 64 and 256.
 - selective_scan, impl "torch" (the fallback): the loop inside a torch.autograd.Function whose
@@ -255,7 +255,7 @@ def selective_scan(x: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: tor
     """The selective scan, fast on CPU: same arguments, results and errors as selective_scan_ref.
 
     Two implementations (module docstring): "cpp", the C++ kernels of ssm_scan.cpp (the one C++
-    extension, nn/quant_kernel.py: x86-64 with AVX512), which keep every state in registers, fuse
+    extension, nn/quant_kernel.py: x86-64 with AVX512 or AVX2), which keep every state in registers, fuse
     Δ's bias and softplus, the skip D and the gate z, and recompute the states in the backward pass
     (memory O(B·T·Di + B·N·Di)); "torch", the step loop on (B, N, Di) tensors with a hand-written
     backward and the maps as PyTorch ops (the fallback where the extension does not build), which
