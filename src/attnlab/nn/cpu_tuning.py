@@ -40,7 +40,11 @@ Where a value came from (bench/decode_tuning.py runs the sweeps; the README keep
         on 2026-12-07 (`python bench/quant_tiles.py --precisions q8_0 q4_1 q4_0 --configs 0 16 8
         --batches 1 8 --rounds 3 --steps 10`, bench/results/quant_tiles_amd_epyc_zen3.json): 8 rows
         1.27x / 1.72x / 2.64x the 16-row tiles at B = 1 (Q8_0 / Q4_1 / Q4_0) and 4.9x / 2.6x / 1.9x
-        at B = 8, where the 16-row tiles spilled (Q8_0 B = 8 ran at 0.39x its B = 1 tokens/s).
+        at B = 8, where the 16-row tiles spilled (Q8_0 B = 8 ran at 0.39x its B = 1 tokens/s); and no
+        fp32 prefetch (`python bench/decode_tuning.py --dtypes fp32 q8_0 --rounds 3 --steps 10 --context
+        200 --candidates '' prefetch_f32=0 ...`, bench/results/decode_tuning_amd_epyc_zen3.json: the fp32
+        step 1.20x faster at B = 1; after the fp32 product moved to native 8-lane vectors, lanes.h,
+        decode_tuning_amd_epyc_zen3_f32lanes.json: 1.03x); the quantized settings were best as Zen 4's.
     AMD (AuthenticAMD with AVX512; EPYC Zen 4, issue 23's host): see AMD_ZEN4 below.
         The tiles: AMD 16 rows for every format (bench/quant_tiles.py, bench/results/
         quant_tiles_amd_epyc.json: 1.06-1.14x the rows at B = 1, 1.3-1.6x at B = 8; 8 rows no better);
@@ -87,7 +91,7 @@ INTEL_SPR = Tuning(prefetch_q=3072, prefetch_f32=0, parallel_bytes=1 << 15, one_
                    linear_form="cpp", tile_q8_0=16, tile_q4_0=16, tile_q4_1=16)
 AMD_ZEN4 = Tuning(prefetch_q=4096, prefetch_f32=16384, parallel_bytes=1 << 15, one_region=1, prefetch_l2=1,
                   linear_form="cpp", prefetch_spread=1, prefetch_kv=2, tile_q8_0=16, tile_q4_0=16, tile_q4_1=16)
-AMD_AVX2 = Tuning(prefetch_q=4096, prefetch_f32=16384, parallel_bytes=1 << 15, one_region=1, prefetch_l2=1,
+AMD_AVX2 = Tuning(prefetch_q=4096, prefetch_f32=0, parallel_bytes=1 << 15, one_region=1, prefetch_l2=1,
                   linear_form="cpp", prefetch_spread=1, prefetch_kv=2, tile_q8_0=8, tile_q4_0=8, tile_q4_1=8)
 ROWS = {"intel": INTEL_SPR, "amd": AMD_ZEN4, "amd_avx2": AMD_AVX2}
 NOT_KERNEL = ("linear_form", "tile_q8_0", "tile_q4_0", "tile_q4_1")  # chosen in Python, not set in the extension

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "decode_team.h"
+#include "lanes.h"  // f32_tile's vectors
 #include "quant_kernel.h"
 #include "quant_tiles.h"
 
@@ -167,34 +168,36 @@ struct Group {  // parts of one input, outputs concatenated
 };
 
 // y[r][o .. o+M) = W[o .. o+M) x[r] for N rows r0 .. r0+N of x (ldx floats apart) and fp32 W (O, I)
-// row-major; each output is the sum of one 16-lane accumulator, the same whatever N (so a row of a batch
-// gets the bits it gets alone); the last partial vector of a row masked.
+// row-major; each output is the sum of one kLanes-lane accumulator (lanes.h: 16 with AVX512, 8 with
+// AVX2), the same whatever N (so a row of a batch gets the bits it gets alone); the last partial
+// vector of a row masked.
 template <int M, int N>
 inline void f32_tile(const float* w, int64_t in, const float* x, int64_t ldx, int64_t o, int64_t r0, float* y,
                      int64_t ldy) {
-  __m512 acc[M][N];
+  using namespace attnlab_lanes;
+  Vec acc[M][N];
   for (int i = 0; i < M; ++i)
-    for (int j = 0; j < N; ++j) acc[i][j] = _mm512_setzero_ps();
+    for (int j = 0; j < N; ++j) acc[i][j] = zero();
   int64_t k = 0;
-  for (; k + 16 <= in; k += 16) {
-    __m512 wv[M];
-    for (int i = 0; i < M; ++i) wv[i] = _mm512_loadu_ps(w + (o + i) * in + k);
+  for (; k + kLanes <= in; k += kLanes) {
+    Vec wv[M];
+    for (int i = 0; i < M; ++i) wv[i] = loadu(w + (o + i) * in + k);
     for (int j = 0; j < N; ++j) {
-      const __m512 xv = _mm512_loadu_ps(x + (r0 + j) * ldx + k);
-      for (int i = 0; i < M; ++i) acc[i][j] = _mm512_fmadd_ps(wv[i], xv, acc[i][j]);
+      const Vec xv = loadu(x + (r0 + j) * ldx + k);
+      for (int i = 0; i < M; ++i) acc[i][j] = fmadd(wv[i], xv, acc[i][j]);
     }
   }
   if (k < in) {
-    const __mmask16 mask = (__mmask16)((1u << (in - k)) - 1);
-    __m512 wv[M];
-    for (int i = 0; i < M; ++i) wv[i] = _mm512_maskz_loadu_ps(mask, w + (o + i) * in + k);
+    const Mask mask = lanes(k, in);
+    Vec wv[M];
+    for (int i = 0; i < M; ++i) wv[i] = load(w + (o + i) * in + k, mask);
     for (int j = 0; j < N; ++j) {
-      const __m512 xv = _mm512_maskz_loadu_ps(mask, x + (r0 + j) * ldx + k);
-      for (int i = 0; i < M; ++i) acc[i][j] = _mm512_fmadd_ps(wv[i], xv, acc[i][j]);
+      const Vec xv = load(x + (r0 + j) * ldx + k, mask);
+      for (int i = 0; i < M; ++i) acc[i][j] = fmadd(wv[i], xv, acc[i][j]);
     }
   }
   for (int i = 0; i < M; ++i)
-    for (int j = 0; j < N; ++j) y[(r0 + j) * ldy + o + i] = _mm512_reduce_add_ps(acc[i][j]);
+    for (int j = 0; j < N; ++j) y[(r0 + j) * ldy + o + i] = hsum(acc[i][j]);
 }
 
 // M weight rows from o against all `rows` rows of x, 4 at a time

@@ -37,6 +37,8 @@ __attribute__((always_inline)) inline Vec mul(Vec a, Vec b) { return _mm512_mul_
 __attribute__((always_inline)) inline Vec div(Vec a, Vec b) { return _mm512_div_ps(a, b); }
 __attribute__((always_inline)) inline Vec set1(float v) { return _mm512_set1_ps(v); }
 __attribute__((always_inline)) inline Vec zero() { return _mm512_setzero_ps(); }
+__attribute__((always_inline)) inline Vec loadu(const float* p) { return _mm512_loadu_ps(p); }
+__attribute__((always_inline)) inline Vec fmadd(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
 __attribute__((always_inline)) inline Vec vexp(Vec v) { return attnlab_decode::exp16(v); }
 // above where v > t (ordered), else below
 __attribute__((always_inline)) inline Vec where_gt(Vec v, float t, Vec below, Vec above) {
@@ -103,6 +105,8 @@ __attribute__((always_inline)) inline Vec mul(Vec a, Vec b) { return _mm256_mul_
 __attribute__((always_inline)) inline Vec div(Vec a, Vec b) { return _mm256_div_ps(a, b); }
 __attribute__((always_inline)) inline Vec set1(float v) { return _mm256_set1_ps(v); }
 __attribute__((always_inline)) inline Vec zero() { return _mm256_setzero_ps(); }
+__attribute__((always_inline)) inline Vec loadu(const float* p) { return _mm256_loadu_ps(p); }
+__attribute__((always_inline)) inline Vec fmadd(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
 __attribute__((always_inline)) inline Vec vexp(Vec v) { return attnlab_decode::exp8(v); }
 __attribute__((always_inline)) inline Vec where_gt(Vec v, float t, Vec below, Vec above) {
   return _mm256_blendv_ps(below, above, _mm256_cmp_ps(v, _mm256_set1_ps(t), _CMP_GT_OQ));
