@@ -1,6 +1,7 @@
 // Mamba's causal depthwise convolution followed by SiLU (nn/causal_conv.py), forward and backward, in
-// the (B, T, Di) layout of the block: kLanes channels per vector (lanes.h: 16 with AVX512, 8 with AVX2), the last K − 1 inputs in registers, so
-// neither the transposes around F.conv1d nor its pre-activation output are ever written.
+// the (B, T, Di) layout of the block: kLanes channels per vector (lanes.h: 16 with AVX512, 8 with
+// AVX2), the last K − 1 inputs in registers, so neither the transposes around F.conv1d nor its
+// pre-activation output are ever written.
 //
 // Shapes (fp32, contiguous): x (B, T, Di); w (K, Di) = the conv1d weight (Di, 1, K) transposed;
 // bias (Di,) or none. With x_t = 0 for t < 0:

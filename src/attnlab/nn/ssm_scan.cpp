@@ -1,6 +1,7 @@
 // Mamba's selective scan (nn/ssm.py), forward and backward, in registers: for each sequence b and
 // each block of kLanes channels d (16 with AVX512, 8 with AVX2: lanes.h), the N states of the
-// block's channels are vectors h[n] that stay in registers over the whole sequence, so the (B, T, Di, N) tensors of the scan are never written.
+// block's channels are vectors h[n] that stay in registers over the whole sequence, so the
+// (B, T, Di, N) tensors of the scan are never written.
 //
 // Shapes (fp32, contiguous): x, dt, z (B, T, Di); At (N, Di) = Aᵀ; B, C (B, T, N); h0 (B, N, Di);
 // D, dt_bias (Di,); z, D and dt_bias optional. Forward, for t = 0 .. T − 1 (nn/ssm.py; Gu & Dao 2023
@@ -232,7 +233,8 @@ std::vector<at::Tensor> scan_backward(const at::Tensor& x, const at::Tensor& dt,
   TORCH_CHECK(g_y.sizes() == x.sizes() && g_y.is_contiguous() && g_y.scalar_type() == at::kFloat, "g_y must be like x");
   const auto f = x.options();
   at::Tensor gx = at::empty_like(x), gdt = at::empty_like(x), gA = at::empty({nb, N, Di}, f);
-  TORCH_CHECK(groups >= 1 && groups <= nblk, "groups must be in 1 .. ", nblk, " (blocks of ", kLanes, " channels), got ", groups);
+  TORCH_CHECK(groups >= 1 && groups <= nblk, "groups must be in 1 .. ", nblk, " (blocks of ", kLanes, " channels), got ",
+              groups);
   at::Tensor gB = at::empty({groups, nb, T, N}, f), gC = at::empty({groups, nb, T, N}, f);
   at::Tensor gh0 = at::empty({nb, N, Di}, f);
   at::Tensor gD = s.D ? at::empty({nb, Di}, f) : at::empty({0}, f), gz = s.z ? at::empty_like(x) : at::empty({0}, f);
