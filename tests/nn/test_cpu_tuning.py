@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from attnlab.nn import cpu_tuning
+from attnlab.nn import cpu_tuning, quant_kernel
 from attnlab.nn import linear as fast_linear
 
 AMD = "vendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx512f avx512_vnni avx512_bf16\n"
@@ -69,9 +69,11 @@ def test_this_machine_is_read_once(monkeypatch):
     assert cpu_tuning.cpu_info()["flags"]["amx"] in (True, False)  # each call its own copy
 
 
-@pytest.mark.parametrize("text, dtype", [(AMD, "bf16"), (INTEL, "bf16"), (ZEN3, "fp32")])
-def test_the_quantized_prefill_product_is_bf16_only_where_bf16_is_native(tmp_path, text, dtype):
+@pytest.mark.parametrize("text, dtype, rows", [(AMD, "bf16", 32), (INTEL, "bf16", 32), (ZEN3, "fp32", 256)])
+def test_the_quantized_prefill_product_is_bf16_only_where_bf16_is_native(tmp_path, text, dtype, rows):
     path = tmp_path / "cpuinfo"
     path.write_text(text)
-    assert cpu_tuning.prefill_dtype(cpu_tuning.cpu_info(str(path))) == dtype
-    assert cpu_tuning.chosen(True)["prefill_dtype"] == cpu_tuning.prefill_dtype()  # this machine's, recorded
+    info = cpu_tuning.cpu_info(str(path))
+    assert cpu_tuning.prefill_dtype(info) == dtype and cpu_tuning.prefill_rows(info) == rows
+    chosen = cpu_tuning.chosen(True)  # this machine's, recorded
+    assert (chosen["prefill_dtype"], chosen["prefill_rows"]) == (cpu_tuning.prefill_dtype(), quant_kernel.PREFILL_ROWS)

@@ -34,7 +34,8 @@ of the step (bit for bit: each output is summed in one order whatever N and the 
 the reference they agree within 1e-5 of the largest logit in fp32, and within QUANT_BOUND quantized:
 in decoding, attention's fp32 summation order can move an activation across an int8 rounding
 boundary (nn/fused_decode.py); in prefill the chunk's activations are int8 too, where the reference's
-products of 32 rows and more are bf16 (nn/quant_kernel.py), two roundings of similar size.
+products of 32 rows and more are bf16 on CPUs with native bf16 (nn/quant_kernel.py PREFILL_ROWS), two
+roundings of similar size.
 """
 from __future__ import annotations
 

@@ -159,6 +159,16 @@ def prefill_dtype(info: dict | None = None) -> str:
     return "bf16" if native_bf16(info) else "fp32"
 
 
+def prefill_rows(info: dict | None = None) -> int:
+    """From how many rows a quantized weight's product leaves the int8 kernel for the GEMM route of
+    prefill_dtype (nn/quant_kernel.py PREFILL_ROWS): 32 where bf16 is native; 256 elsewhere, where
+    the fp32 route must first dequantize the weight in fp32 and the int8 kernel stays ahead up to
+    about that many (`python bench/prefill_route.py --tokens 32 64 128 256 512 --rounds 3`,
+    bench/results/prefill_route_amd_epyc_zen3.json, SmolLM2 on Zen 3: the int8 kernel 2.1-2.7x the
+    fp32 route at 32 tokens, 1.3-1.6x at 128, 1.03x at 256, 0.84-0.90x at 512)."""
+    return 32 if native_bf16(info) else 256
+
+
 def kind(info: dict | None = None) -> str:
     """"amd" for an AuthenticAMD CPU with AVX512, "amd_avx2" for one without, else "intel" (the rule's
     default row); ATTNLAB_CPU_TUNING overrides."""
@@ -181,12 +191,12 @@ def choose(info: dict | None = None) -> Tuning:
 def chosen(kernel_built: bool) -> dict:
     """What a bench JSON records: the CPU, the row chosen and its values (linear_form as it will
     run: "cpp" needs the extension, else "bmm" on AMD and "blas" elsewhere) and the dtype of the
-    quantized prefill product (prefill_dtype)."""
+    quantized prefill product (prefill_dtype) and the rows it starts at (prefill_rows)."""
     info = cpu_info()
     row = choose(info)
     tiles = {f"tile_{s}": quant_tile(s, info) for s in ("q8_0", "q4_0", "q4_1")}
     return {"cpu": info, "tuning_row": kind(info), **asdict(row), "linear_form": linear_form(kernel_built, info),
-            **tiles, "prefill_dtype": prefill_dtype(info)}
+            **tiles, "prefill_dtype": prefill_dtype(info), "prefill_rows": prefill_rows(info)}
 
 
 def linear_form(kernel_built: bool, info: dict | None = None) -> str:

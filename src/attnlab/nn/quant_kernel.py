@@ -4,7 +4,8 @@ Shape legend: R rows, I in_features, O out_features, NB = I / 32.
 Products of fewer than PREFILL_ROWS rows (decoding) use int8 arithmetic per 32-block, llama.cpp's
 way: F.linear(dequantize(quantize_activations(x)), dequantize(W)). Products of more rows (prefill,
 scoring) are compute-bound, and there a GEMM of the weight dequantized for the call beats int8 dot
-products, in the dtype cpu_tuning.prefill_dtype chooses for the CPU: "bf16" where it multiplies bf16
+products, in the dtype cpu_tuning.prefill_dtype chooses for the CPU, from the rows
+cpu_tuning.prefill_rows chooses (32 where bf16 is native, 256 elsewhere): "bf16" where it multiplies bf16
 natively (oneDNN; AMX tiles on CPUs that have them): y = F.linear(bf16(x), bf16(Ŵ)) (fp32
 dequantization rounded to nearest even), accumulated in fp32 and rounded to bf16 on output
 (bench/quant_kernels.py measures both; at 64 rows the bf16 route is about 1.8× faster there);
@@ -72,7 +73,7 @@ SIMDE_DIRS = ("/usr/include", "/usr/local/include")  # and $CPATH's: where the c
 LDFLAGS = ["-fopenmp"]
 TUNING_FIELDS = ("parallel_bytes", "prefetch_q", "prefetch_f32", "one_region", "prefetch_l2", "prefetch_spread",
                  "prefetch_kv")  # decode_matvec.h
-PREFILL_ROWS = 32    # from this many rows on, the bf16 GEMM route (module doc)
+PREFILL_ROWS = cpu_tuning.prefill_rows()  # from this many rows on, the GEMM route (module doc): 32 or 256
 FALLBACK_ROWS = 4096  # W rows dequantized at once by the fallback (bounds its fp32 temporary)
 _state: dict = {}
 ON_LOAD: list = []  # callables run once the extension has loaded (other ops' fake kernels: nn/ssm.py)
