@@ -16,6 +16,8 @@
 #include <initializer_list>
 #include <utility>
 
+#include "lanes.h"  // vexp, the exp formula of exp16
+
 namespace attnlab_decode {
 
 constexpr int kSumLanes = 8;  // PyTorch's fp32 sum kernel runs 8-lane (AVX2) vectors, on AVX512 CPUs too
@@ -122,48 +124,17 @@ inline void rope(float* x, int64_t n, int64_t dh, const float* cos, const float*
 // runs it); two steps differ in form, not in result: q is rounded as a float (roundscale, ties to
 // even as cvtps2dq) and 2^q applied by one scalef (Sleef's two exact power-of-2 factors round once
 // too). tests/nn/test_exp16.py holds it equal to torch.exp and F.silu bit for bit.
+// The formula is attnlab_lanes::vexp (lanes.h), written once for either vector width: here on 16
+// lanes, or, in the AVX2 build (simd_compat.h), on each 8-lane half with vector compares and blends in
+// place of AVX512's mask registers (SIMDe's emulated masks cost more than the exp itself), so the bits
+// are the AVX512 build's.
+__attribute__((always_inline)) inline __m512 exp16(__m512 x) {
 #if defined(__AVX512F__)
-__attribute__((always_inline)) inline __m512 exp16(__m512 x) {
-  const __m512 qf = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(0x1.715476p+0f)),  // 1 / ln 2
-                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 s = _mm512_fmadd_ps(qf, _mm512_set1_ps(-0x1.62e4p-1f), x);       // − ln 2, upper part
-  s = _mm512_fmadd_ps(qf, _mm512_set1_ps(-0x1.7f7d1cp-20f), s);           // − ln 2, lower part
-  __m512 u = _mm512_set1_ps(0x1.a057b4p-13f);
-  u = _mm512_fmadd_ps(u, s, _mm512_set1_ps(0x1.6d2d92p-10f));
-  u = _mm512_fmadd_ps(u, s, _mm512_set1_ps(0x1.11114cp-7f));
-  u = _mm512_fmadd_ps(u, s, _mm512_set1_ps(0x1.5554f4p-5f));
-  u = _mm512_fmadd_ps(u, s, _mm512_set1_ps(0x1.555556p-3f));
-  u = _mm512_fmadd_ps(u, s, _mm512_set1_ps(0.5f));
-  u = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(s, s), u, s), _mm512_set1_ps(1.0f));
-  u = _mm512_scalef_ps(u, qf);  // u · 2^q
-  u = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-104.0f), _CMP_LT_OQ), u, _mm512_setzero_ps());
-  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(_mm512_set1_ps(100.0f), x, _CMP_LT_OQ), u,
-                              _mm512_set1_ps(__builtin_inff()));
-}
+  return attnlab_lanes::vexp(x);
 #else
-// The AVX2 build (simd_compat.h): the same operations in the same order on each 8-lane half, with
-// vector compares and blends in place of AVX512's mask registers (SIMDe's emulated masks cost more
-// than the exp itself), so the bits are the AVX512 build's.
-__attribute__((always_inline)) inline __m256 exp8(__m256 x) {
-  const __m256 qf = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(0x1.715476p+0f)),  // 1 / ln 2
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 s = _mm256_fmadd_ps(qf, _mm256_set1_ps(-0x1.62e4p-1f), x);       // − ln 2, upper part
-  s = _mm256_fmadd_ps(qf, _mm256_set1_ps(-0x1.7f7d1cp-20f), s);           // − ln 2, lower part
-  __m256 u = _mm256_set1_ps(0x1.a057b4p-13f);
-  u = _mm256_fmadd_ps(u, s, _mm256_set1_ps(0x1.6d2d92p-10f));
-  u = _mm256_fmadd_ps(u, s, _mm256_set1_ps(0x1.11114cp-7f));
-  u = _mm256_fmadd_ps(u, s, _mm256_set1_ps(0x1.5554f4p-5f));
-  u = _mm256_fmadd_ps(u, s, _mm256_set1_ps(0x1.555556p-3f));
-  u = _mm256_fmadd_ps(u, s, _mm256_set1_ps(0.5f));
-  u = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(s, s), u, s), _mm256_set1_ps(1.0f));
-  u = attnlab_simd::scalef8(u, qf);  // u · 2^q
-  u = _mm256_blendv_ps(u, _mm256_setzero_ps(), _mm256_cmp_ps(x, _mm256_set1_ps(-104.0f), _CMP_LT_OQ));
-  return _mm256_blendv_ps(u, _mm256_set1_ps(__builtin_inff()), _mm256_cmp_ps(_mm256_set1_ps(100.0f), x, _CMP_LT_OQ));
-}
-__attribute__((always_inline)) inline __m512 exp16(__m512 x) {
-  return attnlab_simd::join(exp8(attnlab_simd::lo(x)), exp8(attnlab_simd::hi(x)));
-}
+  return attnlab_simd::join(attnlab_lanes::vexp(attnlab_simd::lo(x)), attnlab_lanes::vexp(attnlab_simd::hi(x)));
 #endif
+}
 
 // Asks for the cache line at p (into L1): for walks the hardware prefetcher does not follow (the
 // Mamba kernels' rows at a stride of Di floats).

@@ -13,8 +13,6 @@
 #include <cmath>
 #include <cstdint>
 
-#include "decode_ops.h"  // exp16 / exp8 (Sleef's exp), tail_mask
-
 namespace attnlab_lanes {
 
 #if defined(__AVX512F__)
@@ -27,7 +25,7 @@ using Mask = __mmask16;  // the lanes of a block that hold channels (all but the
 constexpr int64_t kLanes = 16;
 
 __attribute__((always_inline)) inline Mask lanes(int64_t d0, int64_t di) {
-  return di - d0 >= kLanes ? (Mask)0xFFFF : attnlab_decode::tail_mask(di - d0);
+  return di - d0 >= kLanes ? (Mask)0xFFFF : (Mask)((1u << (di - d0)) - 1);
 }
 __attribute__((always_inline)) inline Vec load(const float* p, Mask m) { return _mm512_maskz_loadu_ps(m, p); }
 __attribute__((always_inline)) inline void store(float* p, Mask m, Vec v) { _mm512_mask_storeu_ps(p, m, v); }
@@ -39,10 +37,16 @@ __attribute__((always_inline)) inline Vec set1(float v) { return _mm512_set1_ps(
 __attribute__((always_inline)) inline Vec zero() { return _mm512_setzero_ps(); }
 __attribute__((always_inline)) inline Vec loadu(const float* p) { return _mm512_loadu_ps(p); }
 __attribute__((always_inline)) inline Vec fmadd(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
-__attribute__((always_inline)) inline Vec vexp(Vec v) { return attnlab_decode::exp16(v); }
-// above where v > t (ordered), else below
-__attribute__((always_inline)) inline Vec where_gt(Vec v, float t, Vec below, Vec above) {
-  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, _mm512_set1_ps(t), _CMP_GT_OQ), below, above);
+__attribute__((always_inline)) inline Vec round_nearest(Vec v) {  // to an integer, ties to even
+  return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+__attribute__((always_inline)) inline Vec scalef(Vec a, Vec q) { return _mm512_scalef_ps(a, q); }  // a · 2^q
+// then where v > t (ordered: not for NaN), else otherwise; where_lt likewise for v < t
+__attribute__((always_inline)) inline Vec where_gt(Vec v, float t, Vec otherwise, Vec then) {
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, _mm512_set1_ps(t), _CMP_GT_OQ), otherwise, then);
+}
+__attribute__((always_inline)) inline Vec where_lt(Vec v, float t, Vec otherwise, Vec then) {
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, _mm512_set1_ps(t), _CMP_LT_OQ), otherwise, then);
 }
 inline Vec vlog1p(Vec x) {
   if (Sleef_log1pf16_u10 != nullptr) return Sleef_log1pf16_u10(x);
@@ -107,9 +111,15 @@ __attribute__((always_inline)) inline Vec set1(float v) { return _mm256_set1_ps(
 __attribute__((always_inline)) inline Vec zero() { return _mm256_setzero_ps(); }
 __attribute__((always_inline)) inline Vec loadu(const float* p) { return _mm256_loadu_ps(p); }
 __attribute__((always_inline)) inline Vec fmadd(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
-__attribute__((always_inline)) inline Vec vexp(Vec v) { return attnlab_decode::exp8(v); }
-__attribute__((always_inline)) inline Vec where_gt(Vec v, float t, Vec below, Vec above) {
-  return _mm256_blendv_ps(below, above, _mm256_cmp_ps(v, _mm256_set1_ps(t), _CMP_GT_OQ));
+__attribute__((always_inline)) inline Vec round_nearest(Vec v) {
+  return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+__attribute__((always_inline)) inline Vec scalef(Vec a, Vec q) { return attnlab_simd::scalef8(a, q); }
+__attribute__((always_inline)) inline Vec where_gt(Vec v, float t, Vec otherwise, Vec then) {
+  return _mm256_blendv_ps(otherwise, then, _mm256_cmp_ps(v, _mm256_set1_ps(t), _CMP_GT_OQ));
+}
+__attribute__((always_inline)) inline Vec where_lt(Vec v, float t, Vec otherwise, Vec then) {
+  return _mm256_blendv_ps(otherwise, then, _mm256_cmp_ps(v, _mm256_set1_ps(t), _CMP_LT_OQ));
 }
 inline Vec vlog1p(Vec x) {
   if (Sleef_log1pf8_u10avx2 != nullptr) return Sleef_log1pf8_u10avx2(x);
@@ -136,6 +146,25 @@ inline void store_all(float* p, Vec v) { _mm256_storeu_ps(p, v); }
 
 __attribute__((always_inline)) inline Vec ones() { return set1(1.0f); }
 __attribute__((always_inline)) inline Vec neg(Vec v) { return sub(zero(), v); }
+
+// e^x, bit for bit Sleef's expf_u10 (decode_ops.h exp16 says how; this is its one formula, for
+// either width): q = round(x / ln 2), s = x − q ln 2 in two FMA steps, 1 + s + s² P(s) (degree 7),
+// times 2^q; 0 below −104, ∞ above 100, NaN stays NaN.
+__attribute__((always_inline)) inline Vec vexp(Vec x) {
+  const Vec qf = round_nearest(mul(x, set1(0x1.715476p+0f)));  // 1 / ln 2
+  Vec s = fmadd(qf, set1(-0x1.62e4p-1f), x);                     // − ln 2, upper part
+  s = fmadd(qf, set1(-0x1.7f7d1cp-20f), s);                      // − ln 2, lower part
+  Vec u = set1(0x1.a057b4p-13f);
+  u = fmadd(u, s, set1(0x1.6d2d92p-10f));
+  u = fmadd(u, s, set1(0x1.11114cp-7f));
+  u = fmadd(u, s, set1(0x1.5554f4p-5f));
+  u = fmadd(u, s, set1(0x1.555556p-3f));
+  u = fmadd(u, s, set1(0.5f));
+  u = add(fmadd(mul(s, s), u, s), ones());
+  u = scalef(u, qf);  // u · 2^q
+  u = where_lt(x, -104.0f, u, zero());
+  return where_gt(x, 100.0f, u, set1(__builtin_inff()));
+}
 
 // out[n] = Σ of the lanes of v[n] for n < N: kLanes at a time through hsum_lanes, the rest one by one.
 inline void hsums(const Vec* v, int64_t N, float* out) {

@@ -2,7 +2,7 @@
 // around it (Δ's bias and softplus, the skip D, the SiLU gate) and one run of steps over a block of
 // kLanes channels (16 with AVX512, 8 with AVX2: lanes.h, whose functions the code is written
 // with). Every map rounds as the PyTorch operation it stands for (Sleef's exp and log1p, as F.silu and
-// F.softplus run them: exp16 / exp8 are Sleef's written out inline; no FMA: -ffp-contract=off), and
+// F.softplus run them: vexp is Sleef's written out inline, lanes.h; no FMA: -ffp-contract=off), and
 // each block's rows are prefetched kAhead steps ahead.
 #pragma once
 
