@@ -5,8 +5,8 @@ Products of fewer than PREFILL_ROWS rows (decoding) use int8 arithmetic per 32-b
 way: F.linear(dequantize(quantize_activations(x)), dequantize(W)). Products of more rows (prefill,
 scoring) are compute-bound, and there a GEMM of the weight dequantized for the call beats int8 dot
 products, in the dtype cpu_tuning.prefill_dtype chooses for the CPU, from the rows
-cpu_tuning.prefill_rows chooses (32 where bf16 is native, 256 elsewhere): "bf16" where it multiplies bf16
-natively (oneDNN; AMX tiles on CPUs that have them): y = F.linear(bf16(x), bf16(Ŵ)) (fp32
+cpu_tuning.prefill_rows chooses (32 where bf16 is native, 256 elsewhere): "bf16" where it multiplies
+bf16 natively (oneDNN; AMX tiles on CPUs that have them): y = F.linear(bf16(x), bf16(Ŵ)) (fp32
 dequantization rounded to nearest even), accumulated in fp32 and rounded to bf16 on output
 (bench/quant_kernels.py measures both; at 64 rows the bf16 route is about 1.8× faster there);
 "fp32" elsewhere (bf16 products emulated are slower than fp32 ones): y = F.linear(x, Ŵ).

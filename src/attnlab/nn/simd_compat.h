@@ -1,9 +1,10 @@
 #pragma once
 // The AVX512 intrinsics the extension's sources are written with, on every x86-64 CPU it builds for
 // (nn/quant_kernel.py INSTRUCTION_SETS). With AVX512 (-mavx512f ...) they are the compiler's own.
-// Without (the "avx2" build: -mavx2 -mfma -mf16c), SIMDe (github.com/simd-everywhere/simde, MIT; Debian's
-// libsimde-dev) implements each on two AVX2 halves under the same name (SIMDE_ENABLE_NATIVE_ALIASES);
-// the few that SIMDe 0.7.4 lacks are defined below, in AVX2, with AVX512's results: the reductions in
+// Without (the "avx2" build: -mavx2 -mfma -mf16c), SIMDe (github.com/simd-everywhere/simde, MIT; the
+// simde-py package's headers, 0.8.2, or Debian's libsimde-dev, 0.7.4) implements each on two AVX2 halves
+// under the same name (SIMDE_ENABLE_NATIVE_ALIASES); the few that SIMDe 0.7.4 lacks or emulates slowly
+// (masks, compares, blends) are defined below, in AVX2, with AVX512's results: the reductions in
 // GCC's order (halves of 256, then of 128, then pairs), so fp32 sums round as in the AVX512 build;
 // masked loads read no masked-out lane (no fault past a row's end), masked stores write none.
 #if defined(__AVX512F__)
