@@ -46,6 +46,7 @@ struct Lanes<16> {  // 512-bit vectors
   static I band(I a, I b) { return _mm512_and_si512(a, b); }
   static I shr4(I a) { return _mm512_srli_epi16(a, 4); }
   static I dot(I acc, I u, I s) { return _mm512_dpbusd_epi32(acc, u, s); }
+  static I dot_nibbles(I acc, I u, I s) { return dot(acc, u, s); }  // Lanes<8>'s
   static I add(I a, I b) { return _mm512_add_epi32(a, b); }
   static F fzero() { return _mm512_setzero_ps(); }
   static F fset1(float v) { return _mm512_set1_ps(v); }
@@ -67,6 +68,16 @@ struct Lanes<8> {  // 256-bit vectors (AVX512-VL encodings of the same instructi
   static I band(I a, I b) { return _mm256_and_si256(a, b); }
   static I shr4(I a) { return _mm256_srli_epi16(a, 4); }
   static I dot(I acc, I u, I s) { return _mm256_dpbusd_epi32(acc, u, s); }
+  // dot for weights below 16 (Q4's nibbles): in the AVX2 build, where vpdpbusd is 9 operations
+  // (simd_compat.h), vpmaddubsw + vpmaddwd: a pair of products is at most 2 · 15 · 128 in magnitude,
+  // so the int16 step is exact (no saturation) and the int32 sums are vpdpbusd's, bit for bit.
+  static I dot_nibbles(I acc, I u, I s) {
+#if defined(__AVX512F__)
+    return dot(acc, u, s);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+#endif
+  }
   static I add(I a, I b) { return _mm256_add_epi32(a, b); }
   static F fzero() { return _mm256_setzero_ps(); }
   static F fset1(float v) { return _mm256_set1_ps(v); }
@@ -111,10 +122,13 @@ inline void tile_t(const uint8_t* w, const at::Half* dT, const at::Half* mT, int
       const float dx = a.dxb[r * nb + b];
       typename L::I sum = SCHEME == Q8_0 ? L::set1(-128 * s) : SCHEME == Q4_0 ? L::set1(-8 * s) : L::zero();
       // two dependency chains of 4 (int32 sums: the same result in any order), half the latency
-      typename L::I odd = L::dot(L::zero(), v[1], L::set1(xr[1]));
-      sum = L::dot(sum, v[0], L::set1(xr[0]));
+      const auto dot = [](typename L::I acc, typename L::I u, typename L::I x) {
+        return SCHEME == Q8_0 ? L::dot(acc, u, x) : L::dot_nibbles(acc, u, x);
+      };
+      typename L::I odd = dot(L::zero(), v[1], L::set1(xr[1]));
+      sum = dot(sum, v[0], L::set1(xr[0]));
       for (int k = 2; k < 8; k += 2)
-        sum = L::dot(sum, v[k], L::set1(xr[k])), odd = L::dot(odd, v[k + 1], L::set1(xr[k + 1]));
+        sum = dot(sum, v[k], L::set1(xr[k])), odd = dot(odd, v[k + 1], L::set1(xr[k + 1]));
       sum = L::add(sum, odd);
       acc[j] = L::fma(L::cvt(sum), L::mul(dw, L::fset1(dx)), acc[j]);
       if (SCHEME == Q4_1) acc[j] = L::fma(mw, L::fset1(dx * (float)s), acc[j]);
