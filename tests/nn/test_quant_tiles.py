@@ -92,6 +92,23 @@ def test_tiled_products_are_the_same_bits_at_8_and_16_rows_and_alone_as_batched(
 
 
 @CPP
+def test_q8_0_extremes_give_the_same_bits_in_every_tile():
+    """The 8-row tiles' int8 products (vpdpbusd, or on AVX2 |q| · sign(x, q) in int16 pairs) at the
+    ends of the ranges: q = −128 and 127 against activations rounded to ±127 (the int16 step's
+    largest pairs, 2 · 128 · 127): the same bits as the 16-row tiles and the reference's values."""
+    qw = quantize(_weights(rows=32, cols=128, seed=5), "q8_0")  # whole tiles of 8 and of 16
+    ends = torch.tensor([-128, 127, -128, -128, 127, 127, -1, 0], dtype=torch.int8)
+    qw = QuantWeight("q8_0", ends.repeat(32 * 128 // 8).view(32, 128).contiguous(), qw.d)
+    x = torch.randn(9, 128)
+    x[:, ::2] = 50.0 * torch.sign(x[:, ::2])  # each block's largest magnitude, on both signs: ±127
+    x[:, 1::2] = -50.0
+    out8 = quant_matmul(x, to_tiles(qw, 8), "cpp")
+    assert torch.equal(out8, quant_matmul(x, to_tiles(qw, 16), "cpp"))
+    ref = quant_matmul(x, qw, "torch")
+    assert torch.allclose(out8, ref, rtol=1e-5, atol=1e-5 * float(ref.abs().max()))
+
+
+@CPP
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_prefill_dequantization_reads_either_layout(scheme):
     op = torch.ops.attnlab_quant.dequantize_bf16

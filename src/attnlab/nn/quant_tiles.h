@@ -47,6 +47,7 @@ struct Lanes<16> {  // 512-bit vectors
   static I shr4(I a) { return _mm512_srli_epi16(a, 4); }
   static I dot(I acc, I u, I s) { return _mm512_dpbusd_epi32(acc, u, s); }
   static I dot_nibbles(I acc, I u, I s) { return dot(acc, u, s); }  // Lanes<8>'s
+  static constexpr bool kSigned = false;  // Lanes<8>'s
   static I add(I a, I b) { return _mm512_add_epi32(a, b); }
   static F fzero() { return _mm512_setzero_ps(); }
   static F fset1(float v) { return _mm512_set1_ps(v); }
@@ -78,6 +79,21 @@ struct Lanes<8> {  // 256-bit vectors (AVX512-VL encodings of the same instructi
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
 #endif
   }
+  // Q8_0 in the AVX2 build (kSigned): the weight's q (stored q + 128: flip) and |q| (abs8) once per
+  // block, then per activation row vpmaddubsw(|q|, sign(x, q)) + vpmaddwd, llama.cpp's AVX2 form:
+  // |q| ≤ 128 and |x| ≤ 127 (activations are rounded to ±127), so a pair of products fits int16 and
+  // Σ q x is exact, the same int32 as vpdpbusd's Σ (q + 128) x − 128 S_b.
+#if defined(__AVX512F__)
+  static constexpr bool kSigned = false;
+#else
+  static constexpr bool kSigned = true;
+#endif
+  static I flip(I v) { return _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80)); }
+  static I abs8(I q) { return _mm256_abs_epi8(q); }
+  static I dot_signed(I acc, I abs_q, I q, I x) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(abs_q, _mm256_sign_epi8(x, q)),
+                                                   _mm256_set1_epi16(1)));
+  }
   static I add(I a, I b) { return _mm256_add_epi32(a, b); }
   static F fzero() { return _mm256_setzero_ps(); }
   static F fset1(float v) { return _mm256_set1_ps(v); }
@@ -94,6 +110,7 @@ inline void tile_t(const uint8_t* w, const at::Half* dT, const at::Half* mT, int
                    int64_t r0, float* y, int64_t ldy, const Ahead* ahead) {
   using L = Lanes<T>;
   constexpr int K = SCHEME == Q8_0 ? 8 : 4;
+  constexpr bool signed_q8 = SCHEME == Q8_0 && L::kSigned;
   constexpr int64_t STEP = K * T * 4;  // bytes of one block of the tile
   const int64_t in = nb * QK;
   typename L::F acc[N];  // in registers: every loop over the N rows is unrolled (a rolled loop kept acc on the stack)
@@ -104,8 +121,11 @@ inline void tile_t(const uint8_t* w, const at::Half* dT, const at::Half* mT, int
     if (ahead != nullptr) ahead->step(b);
     const uint8_t* p = w + b * STEP;
     typename L::I v[8];  // paired with the activation block's dwords 0..7
+    typename L::I q[8];  // signed (Q8_0, L::kSigned): the weights' q, and v their |q|
     if (SCHEME == Q8_0) {
       for (int k = 0; k < 8; ++k) v[k] = L::load(p + k * T * 4);
+      if constexpr (signed_q8)
+        for (int k = 0; k < 8; ++k) q[k] = L::flip(v[k]), v[k] = L::abs8(q[k]);
     } else {
       for (int k = 0; k < 4; ++k) {
         const typename L::I q = L::load(p + k * T * 4);
@@ -120,15 +140,16 @@ inline void tile_t(const uint8_t* w, const at::Half* dT, const at::Half* mT, int
       const int32_t* xr = (const int32_t*)(a.xs.data() + r * in + b * QK);
       const int32_t s = a.sb[r * nb + b];
       const float dx = a.dxb[r * nb + b];
-      typename L::I sum = SCHEME == Q8_0 ? L::set1(-128 * s) : SCHEME == Q4_0 ? L::set1(-8 * s) : L::zero();
+      typename L::I sum = signed_q8 ? L::zero() : SCHEME == Q8_0 ? L::set1(-128 * s)
+                          : SCHEME == Q4_0 ? L::set1(-8 * s) : L::zero();
       // two dependency chains of 4 (int32 sums: the same result in any order), half the latency
-      const auto dot = [](typename L::I acc, typename L::I u, typename L::I x) {
-        return SCHEME == Q8_0 ? L::dot(acc, u, x) : L::dot_nibbles(acc, u, x);
+      const auto dot = [&](typename L::I acc, int k) {
+        if constexpr (signed_q8) return L::dot_signed(acc, v[k], q[k], L::set1(xr[k]));
+        return SCHEME == Q8_0 ? L::dot(acc, v[k], L::set1(xr[k])) : L::dot_nibbles(acc, v[k], L::set1(xr[k]));
       };
-      typename L::I odd = dot(L::zero(), v[1], L::set1(xr[1]));
-      sum = dot(sum, v[0], L::set1(xr[0]));
-      for (int k = 2; k < 8; k += 2)
-        sum = dot(sum, v[k], L::set1(xr[k])), odd = dot(odd, v[k + 1], L::set1(xr[k + 1]));
+      typename L::I odd = dot(L::zero(), 1);
+      sum = dot(sum, 0);
+      for (int k = 2; k < 8; k += 2) sum = dot(sum, k), odd = dot(odd, k + 1);
       sum = L::add(sum, odd);
       acc[j] = L::fma(L::cvt(sum), L::mul(dw, L::fset1(dx)), acc[j]);
       if (SCHEME == Q4_1) acc[j] = L::fma(mw, L::fset1(dx * (float)s), acc[j]);
