@@ -39,10 +39,14 @@ DTYPES = ("fp32", "q8_0", "q4_0", "q4_1")
 BOUND = 1e-5  # of the largest |value|: fp32
 
 
+ALL = ("fp32", "quantized")  # the weights a build's C++ prefill runs (engines/fused.py PREFILL_INSTRUCTION_SETS)
+
+
 @pytest.fixture(autouse=True)
 def cpp_prefill(monkeypatch):
-    """The C++ prefill on this build too (an AVX2 build runs it, slower: engines/fused.py)."""
-    monkeypatch.setattr(fused_engine, "PREFILL_INSTRUCTION_SETS", ("avx512", "avx2"))
+    """The C++ prefill on this build too, for every model (an AVX2 build runs fp32 ones slower than
+    the model's forward: engines/fused.py)."""
+    monkeypatch.setattr(fused_engine, "PREFILL_INSTRUCTION_SETS", {"avx512": ALL, "avx2": ALL})
 
 
 def tiny(dtype: str = "fp32", preset: str = "llama", **overrides) -> GPT:
@@ -139,9 +143,19 @@ def test_prefill_chunks_give_the_same_bits_whatever_their_size(dtype, monkeypatc
     assert torch.equal(whole.step([0], [3]), chunked.step([0], [3]))
 
 
+def test_the_avx2_build_prefills_quantized_models_in_cpp_and_fp32_ones_with_their_forward(monkeypatch):
+    monkeypatch.setattr(fused_engine, "PREFILL_INSTRUCTION_SETS", {"avx512": ALL, "avx2": ("quantized",)})
+    monkeypatch.setattr(fused_engine.quant_kernel, "built_for", lambda: "avx2")
+    assert not fused_engine.cpp_prefill(tiny("fp32")) and fused_engine.cpp_prefill(tiny("q8_0"))
+    monkeypatch.setattr(fused_engine.quant_kernel, "built_for", lambda: "avx512")
+    assert fused_engine.cpp_prefill(tiny("fp32")) and fused_engine.cpp_prefill(tiny("q4_1"))
+    monkeypatch.setattr(fused_engine.quant_kernel, "built_for", lambda: None)
+    assert not fused_engine.cpp_prefill(tiny("q8_0"))
+
+
 @pytest.mark.parametrize("dtype", ["fp32", "q8_0"])
 def test_a_build_without_cpp_prefill_prefills_with_the_models_forward(dtype, monkeypatch):
-    monkeypatch.setattr(fused_engine, "PREFILL_INSTRUCTION_SETS", ())
+    monkeypatch.setattr(fused_engine, "PREFILL_INSTRUCTION_SETS", {})
     model = tiny(dtype)
     prompt = prompts((20,))[0]
     fused, reference = FusedEngine(model, 1, 32), ReferenceEngine(model, 1, 32)

@@ -13,10 +13,11 @@ reference engine's (engines/reference.py); choose.py picks.
               is N entries of one cache row at consecutive slots and positions, each attending to
               the ones before it (causal), the logits of its last token only. The chunk's rows share
               every weight tile (the products are compute-bound there). Where the extension is built
-              for AVX2 only (PREFILL_INSTRUCTION_SETS; its 16-lane tiles emulated as pairs of 8-lane
-              ones, nn/simd_compat.h) the prompt goes through the model's own forward instead (the
-              reference engine's prefill, BLAS's GEMM, into the same caches): on AMD EPYC Zen 3 the
-              C++ chunks ran 5x (fp32) and 2x (Q8_0) slower than it (bench/pretrained.py).
+              for AVX2 only (PREFILL_INSTRUCTION_SETS, cpp_prefill), models with fp32 weights prefill
+              through their own forward instead (the reference engine's prefill, BLAS's GEMM, into
+              the same caches): on AMD EPYC Zen 3 the C++ chunks of fp32 weights ran at 0.89x it,
+              those of quantized weights (8-row tiles, vpmaddubsw) at 1.1-1.2x (64 tokens, SmolLM2;
+              they had run 2x slower through the emulated 16-row tiles).
     step      N new tokens of N slots of any lengths in one C++ call that reads and writes the same
               per-slot caches (engines/slots.py): each sequence's keys at its own slot, its own
               position, its own visible range (a sliding window).
@@ -53,24 +54,34 @@ KV_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}  # the caches' dtypes
 KV_DTYPE_NAMES = ("auto", *KV_DTYPES)
 QUANT_BOUND = 1e-1  # of the largest |logit|: fused against reference, quantized (module doc; SmolLM2: ≤ 0.06)
 PREFILL_CHUNK = 128  # prompt tokens per C++ call (its scratch grows with chunk × cache capacity)
-PREFILL_INSTRUCTION_SETS = ("avx512",)  # builds of the extension whose C++ prefill runs (module doc)
+# The builds of the extension whose C++ prefill runs, and for which weights (module doc): every model
+# on AVX512; on the AVX2 build models with a block-quantized matrix only, whose chunks through the
+# 8-row tiles beat the model's forward there (1.1-1.2x at 64 tokens), where fp32 ones prefill faster
+# through BLAS (0.89x).
+PREFILL_INSTRUCTION_SETS = {"avx512": ("fp32", "quantized"), "avx2": ("quantized",)}
+
+
+def cpp_prefill(model) -> bool:
+    """Whether the fused engine prefills `model` with the C++ step on this build (PREFILL_INSTRUCTION_SETS)."""
+    weights = "quantized" if any(isinstance(m, QuantLinear) for m in model.modules()) else "fp32"
+    return weights in PREFILL_INSTRUCTION_SETS.get(quant_kernel.built_for(), ())
 
 
 def cache_dtype(model, kv_dtype: str = "auto") -> str:
     """The KV cache dtype the fused engine uses for `model`: "fp32" or "fp16" (module doc).
 
     "auto": fp16 when some matrix of the model is block-quantized and the C++ prefill runs here
-    (PREFILL_INSTRUCTION_SETS; the other builds prefill with the model's forward, which reads fp32
-    caches), else fp32.
+    (cpp_prefill; elsewhere the model's forward prefills, which reads fp32 caches), else fp32.
     Raises:
         UserError (a ValueError): kv_dtype not one of KV_DTYPE_NAMES, or fp16 where the C++ prefill does not run.
     """
     if kv_dtype not in KV_DTYPE_NAMES:
         raise UserError(f"kv_dtype={kv_dtype!r} is not one of {', '.join(KV_DTYPE_NAMES)}", param="kv_dtype")
-    prefill_here = quant_kernel.built_for() in PREFILL_INSTRUCTION_SETS
+    prefill_here = cpp_prefill(model)
     if kv_dtype == "fp16" and not prefill_here:
-        raise UserError(f"kv_dtype='fp16' needs the C++ prefill (an {'/'.join(PREFILL_INSTRUCTION_SETS)} build of "
-                        f"the extension; this one is {quant_kernel.built_for()})", param="kv_dtype")
+        runs = ", ".join(f"{b}: {' and '.join(w)} weights" for b, w in PREFILL_INSTRUCTION_SETS.items()) or "no build"
+        raise UserError(f"kv_dtype='fp16' needs the C++ prefill, which runs on {runs} (this build: "
+                        f"{quant_kernel.built_for()})", param="kv_dtype")
     if kv_dtype != "auto":
         return kv_dtype
     quantized = any(isinstance(m, QuantLinear) for m in model.modules())
@@ -107,6 +118,7 @@ class FusedEngine(ReferenceEngine):
     def __init__(self, model, max_batch: int, max_len: int, kv_dtype: str = "auto"):
         self.decoder = _decoder(model)
         self.kv_dtype = cache_dtype(model, kv_dtype)
+        self.cpp_prefill = cpp_prefill(model)
         super().__init__(model, max_batch, max_len)
         self.window = model.cfg.sliding_window
 
@@ -126,7 +138,7 @@ class FusedEngine(ReferenceEngine):
 
     @torch.no_grad()
     def prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]]) -> torch.Tensor:
-        if quant_kernel.built_for() not in PREFILL_INSTRUCTION_SETS:
+        if not self.cpp_prefill:
             return super().prefill(slots, prompts)  # the model's forward (module doc)
         slots, prompts = self.table.check_prefill(slots, prompts)
         c, out = self.caches, []
