@@ -15,9 +15,8 @@ reference engine's (engines/reference.py); choose.py picks.
               every weight tile (the products are compute-bound there). Where the extension is built
               for AVX2 only (PREFILL_INSTRUCTION_SETS, cpp_prefill), models with fp32 weights prefill
               through their own forward instead (the reference engine's prefill, BLAS's GEMM, into
-              the same caches): on AMD EPYC Zen 3 the C++ chunks of fp32 weights ran at 0.89x it,
-              those of quantized weights (8-row tiles, vpmaddubsw) at 1.1-1.2x (64 tokens, SmolLM2;
-              they had run 2x slower through the emulated 16-row tiles).
+              the same caches): on AMD EPYC Zen 3 the C++ chunks of quantized weights (8-row tiles,
+              vpmaddubsw) came out ahead of it and those of fp32 weights behind (PREFILL_INSTRUCTION_SETS).
     step      N new tokens of N slots of any lengths in one C++ call that reads and writes the same
               per-slot caches (engines/slots.py): each sequence's keys at its own slot, its own
               position, its own visible range (a sliding window).
@@ -56,8 +55,9 @@ QUANT_BOUND = 1e-1  # of the largest |logit|: fused against reference, quantized
 PREFILL_CHUNK = 128  # prompt tokens per C++ call (its scratch grows with chunk × cache capacity)
 # The builds of the extension whose C++ prefill runs, and for which weights (module doc): every model
 # on AVX512; on the AVX2 build models with a block-quantized matrix only, whose chunks through the
-# 8-row tiles beat the model's forward there (1.1-1.2x at 64 tokens), where fp32 ones prefill faster
-# through BLAS (0.89x).
+# 8-row tiles beat the model's forward there, where fp32 ones prefill faster through BLAS (Zen 3,
+# SmolLM2, 64 tokens, side by side by a script not kept in bench/: 1.1-1.2x and 0.89x; the README's
+# Zen 3 table is the bench's view).
 PREFILL_INSTRUCTION_SETS = {"avx512": ("fp32", "quantized"), "avx2": ("quantized",)}
 
 
