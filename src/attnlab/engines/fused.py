@@ -61,10 +61,14 @@ PREFILL_CHUNK = 128  # prompt tokens per C++ call (its scratch grows with chunk 
 PREFILL_INSTRUCTION_SETS = {"avx512": ("fp32", "quantized"), "avx2": ("quantized",)}
 
 
+def _quantized(model) -> bool:
+    """Whether some matrix of `model` is block-quantized."""
+    return any(isinstance(m, QuantLinear) for m in model.modules())
+
+
 def cpp_prefill(model) -> bool:
     """Whether the fused engine prefills `model` with the C++ step on this build (PREFILL_INSTRUCTION_SETS)."""
-    weights = "quantized" if any(isinstance(m, QuantLinear) for m in model.modules()) else "fp32"
-    return weights in PREFILL_INSTRUCTION_SETS.get(quant_kernel.built_for(), ())
+    return ("quantized" if _quantized(model) else "fp32") in PREFILL_INSTRUCTION_SETS.get(quant_kernel.built_for(), ())
 
 
 def cache_dtype(model, kv_dtype: str = "auto") -> str:
@@ -84,8 +88,7 @@ def cache_dtype(model, kv_dtype: str = "auto") -> str:
                         f"{quant_kernel.built_for()})", param="kv_dtype")
     if kv_dtype != "auto":
         return kv_dtype
-    quantized = any(isinstance(m, QuantLinear) for m in model.modules())
-    return "fp16" if quantized and prefill_here else "fp32"
+    return "fp16" if _quantized(model) and prefill_here else "fp32"
 
 
 def _decoder(model) -> FusedDecoder:
