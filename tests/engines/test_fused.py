@@ -10,7 +10,8 @@ so quantized logits are held to QUANT_BOUND, greedy tokens to equality. These co
 the reference ask for fp32 caches (kv_dtype="fp32"; "auto" takes fp16 for quantized weights, whose
 own properties tests/engines/test_kv_dtype.py states). A batched step gives each
 sequence exactly (bit for bit) what its batch-1 step gives. The C++ prefill is tested on either build
-of the extension (an AVX2 build runs the model's forward instead: tested to be the reference's bits).
+of the extension (a build or weights outside PREFILL_INSTRUCTION_SETS run the model's forward instead:
+tested to be the reference's bits).
 """
 from __future__ import annotations
 
@@ -44,8 +45,7 @@ ALL = ("fp32", "quantized")  # the weights a build's C++ prefill runs (engines/f
 
 @pytest.fixture(autouse=True)
 def cpp_prefill(monkeypatch):
-    """The C++ prefill on this build too, for every model (an AVX2 build runs fp32 ones slower than
-    the model's forward: engines/fused.py)."""
+    """The C++ prefill on this build for every model, whatever PREFILL_INSTRUCTION_SETS says."""
     monkeypatch.setattr(fused_engine, "PREFILL_INSTRUCTION_SETS", {"avx512": ALL, "avx2": ALL})
 
 
@@ -129,6 +129,27 @@ def test_batched_step_is_each_sequence_alone_bit_for_bit(dtype):
             assert_close(one, reference.step([0], token)[0], dtype)
 
 
+@pytest.mark.parametrize("heads", [(8, 2, 64), (4, 1, 48), (6, 2, 120), (3, 3, 96)],
+                         ids=["group4-dh8", "group4-dh12", "group3-dh20", "mha-dh32"])
+def test_attention_of_any_group_and_head_size_equals_the_reference(heads):
+    # decode_attention.h takes a kv head's query heads 4 (AVX512) or 3 (AVX2) per pass, Dh in 16- or
+    # 8-lane chunks (the rest one by one): groups of 4 (two passes on AVX2), 3 and 1; Dh 8, 12, 20, 32
+    n_heads, n_kv_heads, d_model = heads
+    model = tiny("fp32", n_heads=n_heads, n_kv_heads=n_kv_heads, d_model=d_model)
+    batch = prompts((1, 9, 70))
+    engine, reference, mha = FusedEngine(model, 3, 80), ReferenceEngine(model, 3, 80), FusedEngine(mha_copy(model), 3, 80)
+    assert_close(engine.prefill(range(3), batch), reference.prefill(range(3), batch))
+    mha.prefill(range(3), batch)
+    for tokens in ([5, 6, 7], [8, 9, 10]):
+        batched = engine.step(range(3), tokens)
+        assert_close(batched, reference.step(range(3), tokens))
+        assert torch.equal(batched, mha.step(range(3), tokens))  # a head's bits, its kv head shared or not
+    alone = FusedEngine(model, 1, 80)
+    alone.prefill([0], [batch[2]])
+    alone.step([0], [7])
+    assert torch.equal(alone.step([0], [10])[0], batched[2])  # a sequence's bits, batched or alone
+
+
 @pytest.mark.parametrize("dtype", ["fp32", "q4_1"])
 def test_prefill_chunks_give_the_same_bits_whatever_their_size(dtype, monkeypatch):
     model = tiny(dtype)
@@ -143,7 +164,7 @@ def test_prefill_chunks_give_the_same_bits_whatever_their_size(dtype, monkeypatc
     assert torch.equal(whole.step([0], [3]), chunked.step([0], [3]))
 
 
-def test_the_avx2_build_prefills_quantized_models_in_cpp_and_fp32_ones_with_their_forward(monkeypatch):
+def test_cpp_prefill_follows_the_weights_each_build_lists(monkeypatch):
     monkeypatch.setattr(fused_engine, "PREFILL_INSTRUCTION_SETS", {"avx512": ALL, "avx2": ("quantized",)})
     monkeypatch.setattr(fused_engine.quant_kernel, "built_for", lambda: "avx2")
     assert not fused_engine.cpp_prefill(tiny("fp32")) and fused_engine.cpp_prefill(tiny("q8_0"))

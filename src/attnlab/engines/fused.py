@@ -12,11 +12,9 @@ reference engine's (engines/reference.py); choose.py picks.
     prefill   each prompt through the same C++ step in chunks of up to PREFILL_CHUNK tokens: a chunk
               is N entries of one cache row at consecutive slots and positions, each attending to
               the ones before it (causal), the logits of its last token only. The chunk's rows share
-              every weight tile (the products are compute-bound there). Where the extension is built
-              for AVX2 only (PREFILL_INSTRUCTION_SETS, cpp_prefill), models with fp32 weights prefill
-              through their own forward instead (the reference engine's prefill, BLAS's GEMM, into
-              the same caches): on AMD EPYC Zen 3 the C++ chunks of quantized weights (8-row tiles,
-              vpmaddubsw) came out ahead of it and those of fp32 weights behind (PREFILL_INSTRUCTION_SETS).
+              every weight tile (the products are compute-bound there). The builds and weights it
+              runs for are PREFILL_INSTRUCTION_SETS's (cpp_prefill); elsewhere the model's own forward
+              prefills (the reference engine's prefill, into the same caches).
     step      N new tokens of N slots of any lengths in one C++ call that reads and writes the same
               per-slot caches (engines/slots.py): each sequence's keys at its own slot, its own
               position, its own visible range (a sliding window).
@@ -53,12 +51,12 @@ KV_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}  # the caches' dtypes
 KV_DTYPE_NAMES = ("auto", *KV_DTYPES)
 QUANT_BOUND = 1e-1  # of the largest |logit|: fused against reference, quantized (module doc; SmolLM2: ≤ 0.06)
 PREFILL_CHUNK = 128  # prompt tokens per C++ call (its scratch grows with chunk × cache capacity)
-# The builds of the extension whose C++ prefill runs, and for which weights (module doc): every model
-# on AVX512; on the AVX2 build models with a block-quantized matrix only, whose chunks through the
-# 8-row tiles beat the model's forward there, where fp32 ones prefill faster through BLAS (Zen 3,
-# SmolLM2, 64 tokens, side by side by a script not kept in bench/: 1.1-1.2x and 0.89x; the README's
-# Zen 3 table is the bench's view).
-PREFILL_INSTRUCTION_SETS = {"avx512": ("fp32", "quantized"), "avx2": ("quantized",)}
+# The builds of the extension whose C++ prefill runs, and for which weights (module doc): every model on
+# both. On AVX2 (AMD EPYC Zen 3, SmolLM2 fp32, side by side against the model's forward with BLAS's
+# GEMM by a script not kept in bench/: 1.36x at 64 tokens, even at 256, once the fp32 tiles took 3 rows
+# of x on AVX2's 16 registers and attention ran on native 8-lane vectors; the README's Zen 3 table
+# is the bench's view).
+PREFILL_INSTRUCTION_SETS = {"avx512": ("fp32", "quantized"), "avx2": ("fp32", "quantized")}
 
 
 def _quantized(model) -> bool:

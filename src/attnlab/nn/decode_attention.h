@@ -10,6 +10,7 @@
 // G). In a batched step the kv head's rows are the per-sequence cache's, read once per step from
 // memory (SmolLM2-135M at B = 8: 368 KB of fp32 k and v per position, ~22 MB per step at 60
 // positions, more than L2), so the caller prefetches the next group's rows while this one runs.
+// The AVX2 build's attend_group_t is decode_attention_avx2.h's (native 8-lane vectors, 3 heads a pass).
 // Source: Vaswani et al. 2017 eq. (1); Ainslie et al. 2023 (GQA); llama.cpp's flash-attention CPU path
 // reads each kv row once for the heads of its group in the same way.
 #pragma once
@@ -37,6 +38,9 @@ inline void store_row(at::Half* dst, const float* src, int64_t n) {
     _mm_storeu_si128((__m128i*)(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
   for (; i < n; ++i) dst[i] = at::Half(src[i]);  // the same rounding
 }
+
+#ifdef __AVX512F__
+constexpr int kHeadsPerPass = 4;
 
 // four 16-lane sums at once, each added in _mm512_reduce_add_ps's tree (halves of 256, 128, then pairs
 // of lanes: the same additions, so the same bits as reducing each alone): sum of a in lane 0, b in 4,
@@ -142,17 +146,23 @@ inline void attend_group_t(const float* q, const KV* k, const KV* v, int64_t n, 
   }
 }
 
-// `heads` query heads from q (heads, Dh) sharing k, v (n, Dh), up to 4 at a time; out (heads, Dh); `ahead`
+#else
+}  // namespace attnlab_decode
+#include "decode_attention_avx2.h"  // the AVX2 build's attend_group_t (native 8-lane vectors)
+namespace attnlab_decode {
+#endif
+
+// `heads` query heads from q (heads, Dh) sharing k, v (n, Dh), kHeadsPerPass at a time (4; AVX2: 3); out (heads, Dh); `ahead`
 // (if any) asked for over the first 4 heads' pass over the keys
 template <class KV>
 inline void attend_group(const float* q, int64_t heads, const KV* k, const KV* v, int64_t n, int64_t dh,
                          float* p, int64_t ldp, float* out, const Ahead* ahead = nullptr) {
-  for (int64_t h = 0; h < heads; h += 4) {
+  for (int64_t h = 0; h < heads; h += kHeadsPerPass) {
     const float* qh = q + h * dh;
     float *ph = p + h * ldp, *oh = out + h * dh;
     const Ahead* a = h == 0 ? ahead : nullptr;
-    switch (std::min<int64_t>(4, heads - h)) {
-      case 4: attend_group_t<4, KV>(qh, k, v, n, dh, ph, ldp, oh, a); break;
+    switch (std::min<int64_t>(kHeadsPerPass, heads - h)) {
+      case 4: if constexpr (kHeadsPerPass >= 4) attend_group_t<4, KV>(qh, k, v, n, dh, ph, ldp, oh, a); break;
       case 3: attend_group_t<3, KV>(qh, k, v, n, dh, ph, ldp, oh, a); break;
       case 2: attend_group_t<2, KV>(qh, k, v, n, dh, ph, ldp, oh, a); break;
       default: attend_group_t<1, KV>(qh, k, v, n, dh, ph, ldp, oh, a); break;

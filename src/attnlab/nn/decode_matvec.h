@@ -200,13 +200,16 @@ inline void f32_tile(const float* w, int64_t in, const float* x, int64_t ldx, in
     for (int j = 0; j < N; ++j) y[(r0 + j) * ldy + o + i] = hsum(acc[i][j]);
 }
 
-// M weight rows from o against all `rows` rows of x, 4 at a time
+// M weight rows from o against all `rows` rows of x, kF32Rows at a time: 4 with AVX512's 32 registers,
+// 3 with AVX2's 16 (a 4 × 3 tile's 12 accumulators and 4 weight vectors fill them; 4 × 4 spilled)
+constexpr int kF32Rows = attnlab_lanes::kLanes == 16 ? 4 : 3;
+
 template <int M>
 inline void f32_rows(const float* w, int64_t in, const float* x, int64_t rows, int64_t o, float* y, int64_t ldy) {
   int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) f32_tile<M, 4>(w, in, x, in, o, r, y, ldy);
+  for (; r + kF32Rows <= rows; r += kF32Rows) f32_tile<M, kF32Rows>(w, in, x, in, o, r, y, ldy);
   switch (rows - r) {
-    case 3: f32_tile<M, 3>(w, in, x, in, o, r, y, ldy); break;
+    case 3: if constexpr (kF32Rows > 3) f32_tile<M, 3>(w, in, x, in, o, r, y, ldy); break;
     case 2: f32_tile<M, 2>(w, in, x, in, o, r, y, ldy); break;
     case 1: f32_tile<M, 1>(w, in, x, in, o, r, y, ldy); break;
     default: break;
