@@ -16,7 +16,8 @@
 //   Q4_1  q in 0..15:  dw dx Σ q qx + m dx S_b    nibbles = elements 16+4k..; against dwords k, 4+k)
 // Each output's sum runs over the blocks in order, per lane, whatever the number of activation rows N
 // and whatever T (8 lanes of 256 bits or 16 of 512 compute the same per lane): a row of a batch gets
-// the bits it gets alone, and T changes speed only. Source: llama.cpp's repacked CPU weights
+// the bits it gets alone, and T changes speed only. The AVX2 build (no vpdpbusd) runs its 8-row tiles
+// through tile_avx2: vpmaddubsw / vpmaddwd, the same int32 sums. Source: llama.cpp's repacked CPU weights
 // (ggml-cpu repack.cpp, block_q4_0x8: the same idea of rows interleaved per block).
 #pragma once
 
@@ -46,8 +47,6 @@ struct Lanes<16> {  // 512-bit vectors
   static I band(I a, I b) { return _mm512_and_si512(a, b); }
   static I shr4(I a) { return _mm512_srli_epi16(a, 4); }
   static I dot(I acc, I u, I s) { return _mm512_dpbusd_epi32(acc, u, s); }
-  static I dot_nibbles(I acc, I u, I s) { return dot(acc, u, s); }  // Lanes<8>'s
-  static constexpr bool kSigned = false;  // Lanes<8>'s
   static I add(I a, I b) { return _mm512_add_epi32(a, b); }
   static F fzero() { return _mm512_setzero_ps(); }
   static F fset1(float v) { return _mm512_set1_ps(v); }
@@ -69,31 +68,6 @@ struct Lanes<8> {  // 256-bit vectors (AVX512-VL encodings of the same instructi
   static I band(I a, I b) { return _mm256_and_si256(a, b); }
   static I shr4(I a) { return _mm256_srli_epi16(a, 4); }
   static I dot(I acc, I u, I s) { return _mm256_dpbusd_epi32(acc, u, s); }
-  // dot for weights below 16 (Q4's nibbles): in the AVX2 build, where vpdpbusd is 9 operations
-  // (simd_compat.h), vpmaddubsw + vpmaddwd: a pair of products is at most 2 · 15 · 128 in magnitude,
-  // so the int16 step is exact (no saturation) and the int32 sums are vpdpbusd's, bit for bit.
-  static I dot_nibbles(I acc, I u, I s) {
-#if defined(__AVX512F__)
-    return dot(acc, u, s);
-#else
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
-#endif
-  }
-  // Q8_0 in the AVX2 build (kSigned): the weight's q (stored q + 128: flip) and |q| (abs8) once per
-  // block, then per activation row vpmaddubsw(|q|, sign(x, q)) + vpmaddwd, llama.cpp's AVX2 form:
-  // |q| ≤ 128 and |x| ≤ 127 (activations are rounded to ±127), so a pair of products fits int16 and
-  // Σ q x is exact, the same int32 as vpdpbusd's Σ (q + 128) x − 128 S_b.
-#if defined(__AVX512F__)
-  static constexpr bool kSigned = false;
-#else
-  static constexpr bool kSigned = true;
-#endif
-  static I flip(I v) { return _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80)); }
-  static I abs8(I q) { return _mm256_abs_epi8(q); }
-  static I dot_signed(I acc, I abs_q, I q, I x) {
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(abs_q, _mm256_sign_epi8(x, q)),
-                                                   _mm256_set1_epi16(1)));
-  }
   static I add(I a, I b) { return _mm256_add_epi32(a, b); }
   static F fzero() { return _mm256_setzero_ps(); }
   static F fset1(float v) { return _mm256_set1_ps(v); }
@@ -104,13 +78,74 @@ struct Lanes<8> {  // 256-bit vectors (AVX512-VL encodings of the same instructi
   static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
 };
 
+// tile_t for the AVX2 build's 8-row tiles: the same int32 sums and float steps, in an order that keeps
+// the pass in AVX2's 16 registers. The loop over a block's vectors k is outside the loop over the N
+// activation rows, so one weight vector at a time is live (8 weight vectors and N accumulators, with
+// Q8_0's signed copies, spilled: perf on Zen 3). Q4: the 8 vpmaddubsw of a row and block are added in
+// int16 before one vpmaddwd (each int16 lane sums 16 products of a nibble ≤ 15 and |x| ≤ 127, at most
+// 30480: exact), where each had its own vpmaddwd and int32 add. Q8_0: |q| · sign(x, q) per vector, as
+// Lanes<8>::dot_signed (a pair of products reaches 32512: no room to add two in int16).
+// The int32 sum of each (row, block) is the same integer, so every result is tile_t's, bit for bit.
+template <int SCHEME, int N>
+inline void tile_avx2(const uint8_t* w, const at::Half* dT, const at::Half* mT, int64_t nb, const Acts& a,
+                      int64_t o, int64_t r0, float* y, int64_t ldy, const Ahead* ahead) {
+  constexpr int T = 8, K = SCHEME == Q8_0 ? 8 : 4;
+  constexpr int64_t STEP = K * T * 4;
+  const int64_t in = nb * QK;
+  const __m256i nibble = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8((char)0x80);
+  __m256 acc[N];
+  for (int j = 0; j < N; ++j) acc[j] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    if (ahead != nullptr) ahead->step(b);
+    const uint8_t* p = w + b * STEP;
+    const int32_t* xb = (const int32_t*)(a.xs.data() + r0 * in + b * QK);  // row j's dwords at xb + j·in/4
+    __m256i sum[N];
+    if constexpr (SCHEME == Q8_0) {
+      for (int j = 0; j < N; ++j) sum[j] = _mm256_setzero_si256();
+      for (int k = 0; k < 8; ++k) {
+        const __m256i q = _mm256_xor_si256(_mm256_loadu_si256((const __m256i*)(p + k * T * 4)), flip);
+        const __m256i aq = _mm256_abs_epi8(q);
+        for (int j = 0; j < N; ++j) {
+          const __m256i x = _mm256_sign_epi8(_mm256_set1_epi32(xb[j * in / 4 + k]), q);
+          sum[j] = _mm256_add_epi32(sum[j], _mm256_madd_epi16(_mm256_maddubs_epi16(aq, x), ones));
+        }
+      }
+    } else {  // the block's 8 nibble vectors stay in registers; each row's sum is one chain
+      __m256i lo[4], hi[4];
+      for (int k = 0; k < 4; ++k) {
+        const __m256i q = _mm256_loadu_si256((const __m256i*)(p + k * T * 4));
+        lo[k] = _mm256_and_si256(q, nibble), hi[k] = _mm256_and_si256(_mm256_srli_epi16(q, 4), nibble);
+      }
+      for (int j = 0; j < N; ++j) {
+        const int32_t* xr = xb + j * in / 4;
+        __m256i s16 = _mm256_maddubs_epi16(lo[0], _mm256_set1_epi32(xr[0]));
+        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi[0], _mm256_set1_epi32(xr[4])));
+        for (int k = 1; k < 4; ++k) {
+          s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(lo[k], _mm256_set1_epi32(xr[k])));
+          s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi[k], _mm256_set1_epi32(xr[4 + k])));
+        }
+        sum[j] = _mm256_madd_epi16(s16, ones);
+        if constexpr (SCHEME == Q4_0) sum[j] = _mm256_add_epi32(sum[j], _mm256_set1_epi32(-8 * a.sb[(r0 + j) * nb + b]));
+      }
+    }
+    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(dT + b * T)));
+    const __m256 mw = SCHEME == Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(mT + b * T))) : dw;
+    for (int j = 0; j < N; ++j) {
+      const int64_t r = r0 + j;
+      const float dx = a.dxb[r * nb + b];
+      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[j]), _mm256_mul_ps(dw, _mm256_set1_ps(dx)), acc[j]);
+      if constexpr (SCHEME == Q4_1) acc[j] = _mm256_fmadd_ps(mw, _mm256_set1_ps(dx * (float)a.sb[r * nb + b]), acc[j]);
+    }
+  }
+  for (int j = 0; j < N; ++j) _mm256_storeu_ps(y + (r0 + j) * ldy + o, acc[j]);
+}
+
 // y[r][o .. o+T) for the tile's T weight rows (bytes w, scales dT / mT) and N activation rows from r0
 template <int SCHEME, int T, int N>
 inline void tile_t(const uint8_t* w, const at::Half* dT, const at::Half* mT, int64_t nb, const Acts& a, int64_t o,
                    int64_t r0, float* y, int64_t ldy, const Ahead* ahead) {
   using L = Lanes<T>;
   constexpr int K = SCHEME == Q8_0 ? 8 : 4;
-  constexpr bool signed_q8 = SCHEME == Q8_0 && L::kSigned;
   constexpr int64_t STEP = K * T * 4;  // bytes of one block of the tile
   const int64_t in = nb * QK;
   typename L::F acc[N];  // in registers: every loop over the N rows is unrolled (a rolled loop kept acc on the stack)
@@ -121,11 +156,8 @@ inline void tile_t(const uint8_t* w, const at::Half* dT, const at::Half* mT, int
     if (ahead != nullptr) ahead->step(b);
     const uint8_t* p = w + b * STEP;
     typename L::I v[8];  // paired with the activation block's dwords 0..7
-    typename L::I q[8];  // signed (Q8_0, L::kSigned): the weights' q, and v their |q|
     if (SCHEME == Q8_0) {
       for (int k = 0; k < 8; ++k) v[k] = L::load(p + k * T * 4);
-      if constexpr (signed_q8)
-        for (int k = 0; k < 8; ++k) q[k] = L::flip(v[k]), v[k] = L::abs8(q[k]);
     } else {
       for (int k = 0; k < 4; ++k) {
         const typename L::I q = L::load(p + k * T * 4);
@@ -140,16 +172,11 @@ inline void tile_t(const uint8_t* w, const at::Half* dT, const at::Half* mT, int
       const int32_t* xr = (const int32_t*)(a.xs.data() + r * in + b * QK);
       const int32_t s = a.sb[r * nb + b];
       const float dx = a.dxb[r * nb + b];
-      typename L::I sum = signed_q8 ? L::zero() : SCHEME == Q8_0 ? L::set1(-128 * s)
-                          : SCHEME == Q4_0 ? L::set1(-8 * s) : L::zero();
+      typename L::I sum = SCHEME == Q8_0 ? L::set1(-128 * s) : SCHEME == Q4_0 ? L::set1(-8 * s) : L::zero();
       // two dependency chains of 4 (int32 sums: the same result in any order), half the latency
-      const auto dot = [&](typename L::I acc, int k) {
-        if constexpr (signed_q8) return L::dot_signed(acc, v[k], q[k], L::set1(xr[k]));
-        return SCHEME == Q8_0 ? L::dot(acc, v[k], L::set1(xr[k])) : L::dot_nibbles(acc, v[k], L::set1(xr[k]));
-      };
-      typename L::I odd = dot(L::zero(), 1);
-      sum = dot(sum, 0);
-      for (int k = 2; k < 8; k += 2) sum = dot(sum, k), odd = dot(odd, k + 1);
+      typename L::I odd = L::dot(L::zero(), v[1], L::set1(xr[1]));
+      sum = L::dot(sum, v[0], L::set1(xr[0]));
+      for (int k = 2; k < 8; k += 2) sum = L::dot(sum, v[k], L::set1(xr[k])), odd = L::dot(odd, v[k + 1], L::set1(xr[k + 1]));
       sum = L::add(sum, odd);
       acc[j] = L::fma(L::cvt(sum), L::mul(dw, L::fset1(dx)), acc[j]);
       if (SCHEME == Q4_1) acc[j] = L::fma(mw, L::fset1(dx * (float)s), acc[j]);
@@ -159,22 +186,35 @@ inline void tile_t(const uint8_t* w, const at::Half* dT, const at::Half* mT, int
   for (int j = 0; j < N; ++j) L::store(y + (r0 + j) * ldy + o, acc[j]);
 }
 
+// one pass of N activation rows over a T-row tile: tile_avx2 for the AVX2 build's 8-row tiles, else tile_t
+#if defined(__AVX512F__)
+constexpr bool kAvx2Tiles = false;
+#else
+constexpr bool kAvx2Tiles = true;
+#endif
+template <int SCHEME, int T, int N>
+inline void tile_pass(const uint8_t* w, const at::Half* dT, const at::Half* mT, int64_t nb, const Acts& a, int64_t o,
+                      int64_t r0, float* y, int64_t ldy, const Ahead* ahead) {
+  if constexpr (kAvx2Tiles && T == 8) tile_avx2<SCHEME, N>(w, dT, mT, nb, a, o, r0, y, ldy, ahead);
+  else tile_t<SCHEME, T, N>(w, dT, mT, nb, a, o, r0, y, ldy, ahead);
+}
+
 // the tile's T weight rows from o against all a.rows activation rows, 8 at a time (`ahead`, if any,
 // asked for during the first 8)
 template <int SCHEME, int T>
 inline void rows_tiled(const uint8_t* w, const at::Half* dT, const at::Half* mT, int64_t nb, const Acts& a,
                        int64_t o, float* y, int64_t ldy, const Ahead* ahead = nullptr) {
   int64_t r = 0;
-  for (; r + 8 <= a.rows; r += 8) tile_t<SCHEME, T, 8>(w, dT, mT, nb, a, o, r, y, ldy, r == 0 ? ahead : nullptr);
+  for (; r + 8 <= a.rows; r += 8) tile_pass<SCHEME, T, 8>(w, dT, mT, nb, a, o, r, y, ldy, r == 0 ? ahead : nullptr);
   const Ahead* rest = r == 0 ? ahead : nullptr;
   switch (a.rows - r) {
-    case 7: tile_t<SCHEME, T, 7>(w, dT, mT, nb, a, o, r, y, ldy, rest); break;
-    case 6: tile_t<SCHEME, T, 6>(w, dT, mT, nb, a, o, r, y, ldy, rest); break;
-    case 5: tile_t<SCHEME, T, 5>(w, dT, mT, nb, a, o, r, y, ldy, rest); break;
-    case 4: tile_t<SCHEME, T, 4>(w, dT, mT, nb, a, o, r, y, ldy, rest); break;
-    case 3: tile_t<SCHEME, T, 3>(w, dT, mT, nb, a, o, r, y, ldy, rest); break;
-    case 2: tile_t<SCHEME, T, 2>(w, dT, mT, nb, a, o, r, y, ldy, rest); break;
-    case 1: tile_t<SCHEME, T, 1>(w, dT, mT, nb, a, o, r, y, ldy, rest); break;
+    case 7: tile_pass<SCHEME, T, 7>(w, dT, mT, nb, a, o, r, y, ldy, rest); break;
+    case 6: tile_pass<SCHEME, T, 6>(w, dT, mT, nb, a, o, r, y, ldy, rest); break;
+    case 5: tile_pass<SCHEME, T, 5>(w, dT, mT, nb, a, o, r, y, ldy, rest); break;
+    case 4: tile_pass<SCHEME, T, 4>(w, dT, mT, nb, a, o, r, y, ldy, rest); break;
+    case 3: tile_pass<SCHEME, T, 3>(w, dT, mT, nb, a, o, r, y, ldy, rest); break;
+    case 2: tile_pass<SCHEME, T, 2>(w, dT, mT, nb, a, o, r, y, ldy, rest); break;
+    case 1: tile_pass<SCHEME, T, 1>(w, dT, mT, nb, a, o, r, y, ldy, rest); break;
     default: break;
   }
 }
