@@ -16,8 +16,8 @@ runs, median): tokens/s = B · 63 / (last step − first step), and its ratio to
 dtype (--kv-dtypes, interleaved; the default "auto" is what generate() takes: fp16 caches for
 quantized weights), with fp16's ratio to fp32 when both run.
 --cli: also `attnlab generate --ignore-eos --stats` at each precision (the same prompt text and token
-count; the CLI's own decode timing, its streaming to stdout included; median of 3 processes), against
-this bench's median.
+count; the CLI's own decode timing, its streaming to stdout included), 3 processes, each paired with
+this bench's generate() run just before it: the median of the pairs' ratios and their spread.
 Prints one JSON line with the host (lscpu model name, flags, threads, bandwidth, GFLOP/s), the
 per-machine tuning (nn/cpu_tuning.py, the quantized weights' tile per format included) and the tiles
 the loaded weights are in (weight_tiles).
@@ -129,20 +129,28 @@ def batched(model, ids, new, batches, repeats, kv_dtypes=("auto",)) -> dict:
     return out
 
 
-def cli_rate(dtype: str, threads: int, prompt: str, new: int, runs: int = 3) -> float:
-    """`attnlab generate --stats` decode tok/s (the CLI's own timing: streaming to stdout inside, loading
-    outside), median of `runs` processes, same prompt text and token count as the bench."""
-    rates = []
+def cli_once(dtype: str, threads: int, prompt: str, new: int) -> float:
+    """One `attnlab generate --stats` process's decode tok/s (the CLI's own timing: streaming to
+    stdout inside, loading outside), same prompt text and token count as the bench."""
+    done = subprocess.run([sys.executable, "-m", "attnlab", "generate", "--model", "smollm2-135m", "--dtype", dtype,
+                           "--prompt", prompt, "--ignore-eos", "--temperature", "0", "--stats",
+                           "--max-new-tokens", str(new)], check=True, capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+    found = re.search(r"decode: \d+ tokens in [\d.]+ ms, ([\d.]+) tok/s", done.stderr)
+    if found is None:
+        raise RuntimeError(f"attnlab generate --stats printed no decode rate: {done.stderr[-300:]!r}")
+    return float(found.group(1))
+
+
+def cli_pairs(model, dtype: str, threads: int, ids: list[int], text: str, new: int, runs: int = 3) -> dict:
+    """The CLI against this bench's own generate() run just before it, `runs` pairs: each pair's
+    ratio (the host drifts between the bench's pairs and the CLI's minute), the median and spread."""
+    cli, ours = [], []
     for _ in range(runs):
-        done = subprocess.run([sys.executable, "-m", "attnlab", "generate", "--model", "smollm2-135m", "--dtype", dtype,
-                               "--prompt", prompt, "--ignore-eos", "--temperature", "0", "--stats",
-                               "--max-new-tokens", str(new)], check=True, capture_output=True, text=True,
-                              env={**os.environ, "OMP_NUM_THREADS": str(threads)})
-        found = re.search(r"decode: \d+ tokens in [\d.]+ ms, ([\d.]+) tok/s", done.stderr)
-        if found is None:
-            raise RuntimeError(f"attnlab generate --stats printed no decode rate: {done.stderr[-300:]!r}")
-        rates.append(float(found.group(1)))
-    return statistics.median(rates)
+        ours.append(ours_once(model, [ids], new)["decode_tok_s"])
+        cli.append(cli_once(dtype, threads, text, new))
+    return {"decode_tok_s": round(statistics.median(cli), 1), "bench_decode_tok_s": round(statistics.median(ours), 1),
+            "vs_bench": spread([c / o for c, o in zip(cli, ours)])}
 
 
 def main() -> None:
@@ -183,10 +191,8 @@ def main() -> None:
         result["batched"][name] = batched(model.model, ids, args.new_tokens, args.batches, args.batch_repeats,
                                           args.kv_dtypes)
         if args.cli:
-            rate = cli_rate(dtype, args.threads, model.tokenizer.decode(ids), args.new_tokens)
-            bench_rate = result["precisions"].get(name, {}).get("decode_tok_s", {}).get("ours", {}).get("median")
-            result.setdefault("cli", {})[name] = {"decode_tok_s": round(rate, 1),
-                                                  "vs_bench": round(rate / bench_rate, 3) if bench_rate else None}
+            result.setdefault("cli", {})[name] = cli_pairs(model.model, dtype, args.threads, ids,
+                                                           model.tokenizer.decode(ids), args.new_tokens)
         del model
         if args.out:  # after each precision: a run stopped part-way keeps what it measured
             write_json_atomic(args.out, result)

@@ -109,6 +109,24 @@ def test_q8_0_extremes_give_the_same_bits_in_every_tile():
 
 
 @CPP
+@pytest.mark.parametrize("scheme", ["q4_0", "q4_1"])
+def test_q4_extremes_give_the_same_bits_in_every_tile(scheme):
+    """The AVX2 build adds a row's 8 vpmaddubsw per block in int16 (nn/quant_tiles.h tile_avx2): at
+    the ends, every nibble 15 against activations all rounded to +127 or all to −127, each int16 lane
+    sums 16 products of 15 · 127 (±30480, near the int16 limit): the same bits as the 16-row tiles
+    (another instruction sequence on either build) and the reference's values."""
+    qw = quantize(_weights(rows=32, cols=128, seed=6), scheme)  # whole tiles of 8 and of 16
+    qw = QuantWeight(scheme, torch.full_like(qw.qs, 0xFF), qw.d, qw.m)  # every nibble 15
+    x = torch.full((10, 128), 50.0)
+    x[5:] = -50.0
+    x[4, 1::2] = -50.0  # and a row of mixed signs
+    out8 = quant_matmul(x, to_tiles(qw, 8), "cpp")
+    assert torch.equal(out8, quant_matmul(x, to_tiles(qw, 16), "cpp"))
+    ref = quant_matmul(x, qw, "torch")
+    assert torch.allclose(out8, ref, rtol=1e-5, atol=1e-5 * float(ref.abs().max()))
+
+
+@CPP
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_prefill_dequantization_reads_either_layout(scheme):
     op = torch.ops.attnlab_quant.dequantize_bf16
