@@ -22,6 +22,9 @@
 #include <cstdint>
 
 #include "decode_ops.h"
+#ifndef __AVX512F__
+#include "decode_attention_avx2.h"  // attend_group_t on native 8-lane vectors (the AVX2 build)
+#endif
 
 namespace attnlab_decode {
 
@@ -146,11 +149,7 @@ inline void attend_group_t(const float* q, const KV* k, const KV* v, int64_t n, 
   }
 }
 
-#else
-}  // namespace attnlab_decode
-#include "decode_attention_avx2.h"  // the AVX2 build's attend_group_t (native 8-lane vectors)
-namespace attnlab_decode {
-#endif
+#endif  // the AVX2 build's attend_group_t and kHeadsPerPass: decode_attention_avx2.h
 
 // `heads` query heads from q (heads, Dh) sharing k, v (n, Dh), kHeadsPerPass at a time (4; AVX2: 3); out (heads, Dh); `ahead`
 // (if any) asked for over the first 4 heads' pass over the keys
