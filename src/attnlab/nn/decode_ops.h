@@ -173,14 +173,15 @@ struct Ahead {
 
 inline __mmask16 lanes_from(int64_t i, int64_t n) { return n - i >= 16 ? (__mmask16)0xFFFF : tail_mask(n - i); }
 
-// y (n) = SiLU(g) · u with F.silu's operations: g / (1 + exp(−g)), then times u (bit for bit PyTorch's)
+// y (n) = SiLU(g) · u with F.silu's operations: g / (1 + exp(−g)), then times u (bit for bit PyTorch's),
+// on the build's native vectors (lanes.h: 16 lanes with AVX512, 8 with AVX2; the same bits either way)
 inline void swiglu(const float* g, const float* u, int64_t n, float* y) {
-  const __m512 one = _mm512_set1_ps(1.0f), sign = _mm512_set1_ps(-0.0f);
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 k = lanes_from(i, n);
-    const __m512 gv = _mm512_maskz_loadu_ps(k, g + i);
-    const __m512 silu = _mm512_div_ps(gv, _mm512_add_ps(one, exp16(_mm512_xor_ps(gv, sign))));
-    _mm512_mask_storeu_ps(y + i, k, _mm512_mul_ps(silu, _mm512_maskz_loadu_ps(k, u + i)));
+  using namespace attnlab_lanes;
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const Mask m = lanes(i, n);
+    const Vec gv = load(g + i, m);
+    const Vec silu = div(gv, add(ones(), vexp(neg(gv))));
+    store(y + i, m, mul(silu, load(u + i, m)));
   }
 }
 
