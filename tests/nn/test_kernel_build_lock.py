@@ -1,6 +1,7 @@
 """The extension's build lock (nn/quant_kernel.py build_lock): a build killed half-way must not
 make every later load of the same version wait forever on torch's leftover `lock` file."""
 import fcntl
+import re
 import signal
 import subprocess
 import sys
@@ -91,3 +92,25 @@ def test_each_checkout_builds_in_its_own_directory(tmp_path, monkeypatch):
         names.append(quant_kernel._extension_name())
         monkeypatch.undo()
     assert names[0] != names[1] and names[0] == names[2]
+
+
+def test_every_header_the_sources_include_is_in_the_build_digest():
+    """Regression: decode_attention_avx2.h, included by decode_attention.h, was missing from a hand-made
+    HEADERS list, so a change to it alone left the old build's name and the stale build loaded."""
+    named = {p.name for p in quant_kernel.HEADERS}
+    for path in quant_kernel.SOURCES + quant_kernel.HEADERS:
+        for include in re.findall(r'^\s*#\s*include\s+"([^"]+)"', path.read_text(), flags=re.M):
+            assert include in named, f"{path.name} includes {include}, not in quant_kernel.HEADERS"
+    assert "decode_attention_avx2.h" in named
+
+
+def test_a_changed_header_changes_the_build_name(tmp_path, monkeypatch):
+    files = quant_kernel.SOURCES + quant_kernel.HEADERS
+    for path in files:
+        (tmp_path / path.name).write_bytes(path.read_bytes())
+    monkeypatch.setattr(quant_kernel, "SOURCES", [tmp_path / p.name for p in quant_kernel.SOURCES])
+    monkeypatch.setattr(quant_kernel, "HEADERS", [tmp_path / p.name for p in quant_kernel.HEADERS])
+    before = quant_kernel._extension_name("avx2")
+    header = tmp_path / "decode_attention_avx2.h"
+    header.write_text(header.read_text() + "\n// changed\n")
+    assert quant_kernel._extension_name("avx2") != before

@@ -50,8 +50,9 @@ except ImportError:  # pragma: no cover - Windows
 
 SOURCES = [Path(__file__).with_name(n) for n in ("quant_kernel.cpp", "fused_decode.cpp", "ssm_scan.cpp",
                                                   "causal_conv.cpp", "short_attention.cpp")]
-HEADERS = [Path(__file__).with_name(n) for n in ("simd_compat.h", "quant_kernel.h", "quant_tiles.h", "decode_matvec.h", "decode_ops.h",
-                                                  "decode_attention.h", "decode_team.h", "ssm_scan.h", "lanes.h")]
+# every header beside the sources (package data nn/*.h): each is part of the build's digest (_extension_name),
+# so a changed header, one added since too, builds anew (a list by hand had missed one: a stale build loaded)
+HEADERS = sorted(Path(__file__).parent.glob("*.h"))
 SCHEME_ID = {s: i for i, s in enumerate(SCHEMES)}  # = quant_kernel.h enum Scheme (tests/nn/test_kernel_ids.py)
 # -ffp-contract=off: a · b + c rounds twice, as PyTorch's separate ops do (explicit FMA intrinsics stay FMA).
 # -fopenmp: at::parallel_for is an inline template that runs serially unless the extension itself is built
