@@ -5,8 +5,8 @@ Shape legend: N sequences in one call, V vocabulary.
 When it applies (`FusedEngine.unsupported` returns None): a LLaMA-style GPT (models/gpt.py) in
 eval mode on the CPU: RoPE, Pre-LN RMSNorm, self-attention (MHA / GQA, optional sliding window,
 biases allowed), a dense SwiGLU FFN, every matrix fp32 or block-quantized (Q8_0 / Q4_0 / Q4_1,
-each matrix its own kind), and the C++ extension built here (x86-64 with AVX512-VNNI,
-nn/quant_kernel.py). Anything else (GPT-2 style, MoE, bf16, Mamba, another device) is the
+each matrix its own kind), and the C++ extension built here (x86-64 with AVX512-VNNI, or with
+AVX2, FMA and F16C: nn/quant_kernel.py INSTRUCTION_SETS). Anything else (GPT-2 style, MoE, bf16, Mamba, another device) is the
 reference engine's (engines/reference.py); choose.py picks.
 
     prefill   each prompt through the same C++ step in chunks of up to PREFILL_CHUNK tokens: a chunk
