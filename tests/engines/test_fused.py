@@ -9,9 +9,8 @@ rounding of an int8 step boundary can round to the other step (a "flip", ~5 % of
 so quantized logits are held to QUANT_BOUND, greedy tokens to equality. These comparisons with
 the reference ask for fp32 caches (kv_dtype="fp32"; "auto" takes fp16 for quantized weights, whose
 own properties tests/engines/test_kv_dtype.py states). A batched step gives each
-sequence exactly (bit for bit) what its batch-1 step gives. The C++ prefill is tested on either build
-of the extension (a build or weights outside PREFILL_INSTRUCTION_SETS run the model's forward instead:
-tested to be the reference's bits).
+sequence exactly (bit for bit) what its batch-1 step gives; the C++ prefill runs on either build of
+the extension.
 """
 from __future__ import annotations
 
@@ -38,15 +37,6 @@ pytestmark = pytest.mark.skipif(kernel() != "cpp", reason="the C++ kernel is not
 
 DTYPES = ("fp32", "q8_0", "q4_0", "q4_1")
 BOUND = 1e-5  # of the largest |value|: fp32
-
-
-ALL = ("fp32", "quantized")  # the weights a build's C++ prefill runs (engines/fused.py PREFILL_INSTRUCTION_SETS)
-
-
-@pytest.fixture(autouse=True)
-def cpp_prefill(monkeypatch):
-    """The C++ prefill on this build for every model, whatever PREFILL_INSTRUCTION_SETS says."""
-    monkeypatch.setattr(fused_engine, "PREFILL_INSTRUCTION_SETS", {"avx512": ALL, "avx2": ALL})
 
 
 def tiny(dtype: str = "fp32", preset: str = "llama", **overrides) -> GPT:
@@ -162,27 +152,6 @@ def test_prefill_chunks_give_the_same_bits_whatever_their_size(dtype, monkeypatc
     held = whole.caches.held(0)
     assert all(torch.equal(a[0, :, :held], b[0, :, :held]) for a, b in zip(whole.caches.k, chunked.caches.k))
     assert torch.equal(whole.step([0], [3]), chunked.step([0], [3]))
-
-
-def test_cpp_prefill_follows_the_weights_each_build_lists(monkeypatch):
-    monkeypatch.setattr(fused_engine, "PREFILL_INSTRUCTION_SETS", {"avx512": ALL, "avx2": ("quantized",)})
-    monkeypatch.setattr(fused_engine.quant_kernel, "built_for", lambda: "avx2")
-    assert not fused_engine.cpp_prefill(tiny("fp32")) and fused_engine.cpp_prefill(tiny("q8_0"))
-    monkeypatch.setattr(fused_engine.quant_kernel, "built_for", lambda: "avx512")
-    assert fused_engine.cpp_prefill(tiny("fp32")) and fused_engine.cpp_prefill(tiny("q4_1"))
-    monkeypatch.setattr(fused_engine.quant_kernel, "built_for", lambda: None)
-    assert not fused_engine.cpp_prefill(tiny("q8_0"))
-
-
-@pytest.mark.parametrize("dtype", ["fp32", "q8_0"])
-def test_a_build_without_cpp_prefill_prefills_with_the_models_forward(dtype, monkeypatch):
-    monkeypatch.setattr(fused_engine, "PREFILL_INSTRUCTION_SETS", {})
-    model = tiny(dtype)
-    prompt = prompts((20,))[0]
-    fused, reference = FusedEngine(model, 1, 32), ReferenceEngine(model, 1, 32)
-    assert torch.equal(fused.prefill([0], [prompt]), reference.prefill([0], [prompt]))  # the same bits
-    assert all(torch.equal(a[0, :, :20], b[0, :, :20]) for a, b in zip(fused.caches.k, reference.caches.k))
-    assert_close(fused.step([0], [3]), reference.step([0], [3]), dtype)  # the C++ step reads those caches
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "q8_0"])

@@ -15,17 +15,11 @@ from attnlab.engines import FusedEngine, choose_engine, engine_name
 from attnlab.engines.fused import QUANT_BOUND, cache_dtype
 from attnlab.errors import UserError
 from attnlab.nn.quant_kernel import kernel
-from tests.engines.test_fused import ALL, feed, prompts, tiny
+from tests.engines.test_fused import feed, prompts, tiny
 
 pytestmark = pytest.mark.skipif(kernel() != "cpp", reason="the C++ kernel is not available here (nn/quant_kernel.py)")
 
 FP16_BOUND = 1e-2  # of the largest |logit|: fp16 against fp32 caches, fp32 weights (tiny models: ~1e-3)
-
-
-@pytest.fixture(autouse=True)
-def cpp_prefill(monkeypatch):
-    """The C++ prefill (which fp16 caches need) on this build too, as tests/engines/test_fused.py."""
-    monkeypatch.setattr(fused_engine, "PREFILL_INSTRUCTION_SETS", {"avx512": ALL, "avx2": ALL})
 
 
 @pytest.mark.parametrize("dtype, expected", [("fp32", "fp32"), ("q8_0", "fp16"), ("q4_0", "fp16"), ("q4_1", "fp16")])
@@ -65,7 +59,7 @@ def test_a_batched_step_over_fp16_caches_is_each_sequence_alone_bit_for_bit(dtyp
         assert all(torch.equal(a, b[row]) for a, b in zip(mine, logits))
 
 
-def test_a_bad_kv_dtype_is_named(monkeypatch):
+def test_a_bad_kv_dtype_is_named():
     model = tiny("q8_0")
     with pytest.raises(UserError, match=r"kv_dtype='bf16' is not one of auto, fp32, fp16"):
         cache_dtype(model, "bf16")
@@ -74,8 +68,3 @@ def test_a_bad_kv_dtype_is_named(monkeypatch):
     with pytest.raises(UserError, match="kv_dtype='fp16' needs the fused engine"):
         engine_name(tiny("fp32", preset="gpt2"), "auto", "fp16")  # GPT-2 style: the reference engine's
     assert choose_engine(model, 1, 8, kv_dtype="fp32").caches.k[0].dtype == torch.float32
-    monkeypatch.setattr(fused_engine, "PREFILL_INSTRUCTION_SETS", {"avx512": ALL})
-    monkeypatch.setattr(fused_engine.quant_kernel, "built_for", lambda: "avx2")
-    with pytest.raises(UserError, match="kv_dtype='fp16' needs the C\\+\\+ prefill"):
-        FusedEngine(model, 1, 8, kv_dtype="fp16")
-    assert cache_dtype(model) == "fp32"  # auto: the model's forward prefills there, into fp32 caches

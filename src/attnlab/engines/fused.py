@@ -12,9 +12,9 @@ reference engine's (engines/reference.py); choose.py picks.
     prefill   each prompt through the same C++ step in chunks of up to PREFILL_CHUNK tokens: a chunk
               is N entries of one cache row at consecutive slots and positions, each attending to
               the ones before it (causal), the logits of its last token only. The chunk's rows share
-              every weight tile (the products are compute-bound there). The builds and weights it
-              runs for are PREFILL_INSTRUCTION_SETS's (cpp_prefill); elsewhere the model's own forward
-              prefills (the reference engine's prefill, into the same caches).
+              every weight tile (the products are compute-bound there), on either build of the
+              extension and for fp32 and quantized weights alike (on AMD EPYC Zen 3's AVX2 build too,
+              once its tiles fit the 16 registers: bench/inference.py's prefill column, README).
     step      N new tokens of N slots of any lengths in one C++ call that reads and writes the same
               per-slot caches (engines/slots.py): each sequence's keys at its own slot, its own
               position, its own visible range (a sliding window).
@@ -23,7 +23,7 @@ Caches (`kv_dtype`): fp32, or fp16 as llama.cpp's default f16 cache: half the me
 half the bytes attention reads per step, which bound a batched step at long contexts (SmolLM2 at
 B = 8 reads 368 KB of fp32 keys and values per position; bench/inference.py --kv-dtypes).
 "auto" takes fp16 for a model with block-quantized matrices (whose int8 activations already round
-more than fp16 keys and values do) where the C++ prefill runs, fp32 otherwise (fp32 weights keep the
+more than fp16 keys and values do), fp32 otherwise (fp32 weights keep the
 1e-5 agreement with the reference, which holds its caches in the model's dtype). A key or value is
 rounded to fp16 once, when written; attention reads it back exactly and computes in fp32.
 
@@ -43,7 +43,6 @@ import torch
 
 from attnlab.engines.reference import ReferenceEngine
 from attnlab.errors import UserError
-from attnlab.nn import quant_kernel
 from attnlab.nn.fused_decode import FusedDecoder, NotSupported
 from attnlab.nn.quant_linear import QuantLinear
 
@@ -51,12 +50,6 @@ KV_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}  # the caches' dtypes
 KV_DTYPE_NAMES = ("auto", *KV_DTYPES)
 QUANT_BOUND = 1e-1  # of the largest |logit|: fused against reference, quantized (module doc; SmolLM2: ≤ 0.06)
 PREFILL_CHUNK = 128  # prompt tokens per C++ call (its scratch grows with chunk × cache capacity)
-# The builds of the extension whose C++ prefill runs, and for which weights (module doc): every model on
-# both. On AVX2 (AMD EPYC Zen 3, SmolLM2 fp32, side by side against the model's forward with BLAS's
-# GEMM by a script not kept in bench/: 1.36x at 64 tokens, even at 256, once the fp32 tiles took 3 rows
-# of x on AVX2's 16 registers and attention ran on native 8-lane vectors; the README's Zen 3 table
-# is the bench's view).
-PREFILL_INSTRUCTION_SETS = {"avx512": ("fp32", "quantized"), "avx2": ("fp32", "quantized")}
 
 
 def _quantized(model) -> bool:
@@ -64,29 +57,18 @@ def _quantized(model) -> bool:
     return any(isinstance(m, QuantLinear) for m in model.modules())
 
 
-def cpp_prefill(model) -> bool:
-    """Whether the fused engine prefills `model` with the C++ step on this build (PREFILL_INSTRUCTION_SETS)."""
-    return ("quantized" if _quantized(model) else "fp32") in PREFILL_INSTRUCTION_SETS.get(quant_kernel.built_for(), ())
-
-
 def cache_dtype(model, kv_dtype: str = "auto") -> str:
     """The KV cache dtype the fused engine uses for `model`: "fp32" or "fp16" (module doc).
 
-    "auto": fp16 when some matrix of the model is block-quantized and the C++ prefill runs here
-    (cpp_prefill; elsewhere the model's forward prefills, which reads fp32 caches), else fp32.
+    "auto": fp16 when some matrix of the model is block-quantized, else fp32.
     Raises:
-        UserError (a ValueError): kv_dtype not one of KV_DTYPE_NAMES, or fp16 where the C++ prefill does not run.
+        UserError (a ValueError): kv_dtype not one of KV_DTYPE_NAMES.
     """
     if kv_dtype not in KV_DTYPE_NAMES:
         raise UserError(f"kv_dtype={kv_dtype!r} is not one of {', '.join(KV_DTYPE_NAMES)}", param="kv_dtype")
-    prefill_here = cpp_prefill(model)
-    if kv_dtype == "fp16" and not prefill_here:
-        runs = ", ".join(f"{b}: {' and '.join(w)} weights" for b, w in PREFILL_INSTRUCTION_SETS.items()) or "no build"
-        raise UserError(f"kv_dtype='fp16' needs the C++ prefill, which runs on {runs} (this build: "
-                        f"{quant_kernel.built_for()})", param="kv_dtype")
     if kv_dtype != "auto":
         return kv_dtype
-    return "fp16" if _quantized(model) and prefill_here else "fp32"
+    return "fp16" if _quantized(model) else "fp32"
 
 
 def _decoder(model) -> FusedDecoder:
@@ -119,7 +101,6 @@ class FusedEngine(ReferenceEngine):
     def __init__(self, model, max_batch: int, max_len: int, kv_dtype: str = "auto"):
         self.decoder = _decoder(model)
         self.kv_dtype = cache_dtype(model, kv_dtype)
-        self.cpp_prefill = cpp_prefill(model)
         super().__init__(model, max_batch, max_len)
         self.window = model.cfg.sliding_window
 
@@ -139,8 +120,6 @@ class FusedEngine(ReferenceEngine):
 
     @torch.no_grad()
     def prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]]) -> torch.Tensor:
-        if not self.cpp_prefill:
-            return super().prefill(slots, prompts)  # the model's forward (module doc)
         slots, prompts = self.table.check_prefill(slots, prompts)
         c, out = self.caches, []
         chunk = PREFILL_CHUNK if c.window is None else min(PREFILL_CHUNK, c.capacity - c.window + 1)
