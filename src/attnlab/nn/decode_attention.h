@@ -28,11 +28,6 @@
 
 namespace attnlab_decode {
 
-// 16 lanes of a cache row, read as fp32 (lanes outside m read as 0): fp32 rows as they are, fp16 rows
-// (a half-size cache, as llama.cpp's default f16 cache) widened exactly
-inline __m512 load_row(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
-inline __m512 load_row(const at::Half* p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
-
 // dst (n) = src (n) as the cache's dtype: fp32 copied, fp16 rounded to nearest even (as Tensor.half())
 inline void store_row(float* dst, const float* src, int64_t n) { std::copy(src, src + n, dst); }
 inline void store_row(at::Half* dst, const float* src, int64_t n) {
@@ -44,6 +39,11 @@ inline void store_row(at::Half* dst, const float* src, int64_t n) {
 
 #ifdef __AVX512F__
 constexpr int kHeadsPerPass = 4;
+
+// 16 lanes of a cache row, read as fp32 (lanes outside m read as 0): fp32 rows as they are, fp16 rows
+// (a half-size cache, as llama.cpp's default f16 cache) widened exactly
+inline __m512 load_row(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+inline __m512 load_row(const at::Half* p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
 
 // four 16-lane sums at once, each added in _mm512_reduce_add_ps's tree (halves of 256, 128, then pairs
 // of lanes: the same additions, so the same bits as reducing each alone): sum of a in lane 0, b in 4,
