@@ -15,6 +15,7 @@ the extension.
 from __future__ import annotations
 
 import dataclasses
+import platform
 
 import pytest
 import torch
@@ -290,9 +291,39 @@ def test_the_prefetch_settings_change_no_bit(dtype, monkeypatch):
     assert all(torch.equal(out[0], o) for o in out[1:])
 
 
+def collapse_supported() -> bool:
+    """Linux 6.1 or later: madvise(MADV_COLLAPSE) exists (nn/huge_pages.h)."""
+    release = platform.release().split(".")
+    return platform.system() == "Linux" and tuple(int(x) for x in release[:2] if x.isdigit()) >= (6, 1)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "q8_0"])
+def test_weights_on_huge_pages_change_no_bit(dtype):
+    # nn/huge_pages.h moves the plan's weights onto 2 MiB pages in place: the same logits, and the
+    # plan says how many bytes moved (none when asked not to; some where the kernel has MADV_COLLAPSE)
+    model = tiny(dtype, d_model=128, d_ff=256)
+    batch, tuning = prompts((1, 7, 64)), get_tuning()
+    out, moved = [], []
+    try:
+        for huge in (0, 1):
+            set_tuning(**{**tuning, "huge_pages": huge})
+            engine = FusedEngine(model, 3, 80)
+            moved.append(engine.decoder.plan.huge_page_bytes())
+            out.append(torch.stack([engine.prefill(range(3), batch)] +
+                                   [engine.step(range(3), [5, 6, 7]) for _ in range(3)]))
+    finally:
+        set_tuning(**tuning)
+    assert torch.equal(out[0], out[1])
+    assert moved[0] == 0 and moved[1] % (1 << 21) == 0
+    if collapse_supported():
+        assert moved[1] > 0
+
+
 def test_a_bad_tuning_value_is_named():
     with pytest.raises(RuntimeError, match="prefetch_kv 0/1/2"):
         set_tuning(prefetch_kv=3)
+    with pytest.raises(RuntimeError, match="huge_pages 0/1"):
+        set_tuning(huge_pages=2)
     with pytest.raises(KeyError, match="unknown tuning field 'prefetch_far'"):
         set_tuning(prefetch_far=1)
 

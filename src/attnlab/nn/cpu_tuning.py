@@ -13,6 +13,8 @@ different CPUs, so a few settings are chosen per CPU kind from /proc/cpuinfo, by
                    it runs; 0: all its lines at once before it (a burst fills the miss queues and stalls)
     prefetch_kv    attention's next kv head's cache rows: 0 left to the hardware prefetcher, 1 all
                    asked for before the current head's pass, 2 a few per key of it
+    huge_pages     1: the fused step's plan moves the weights it streams onto 2 MiB pages when it is
+                   built (nn/huge_pages.h, MADV_COLLAPSE; where Linux cannot, they stay on 4 KiB)
     linear_form    how nn/linear.py computes a few-row fp32 product: "cpp" (decode_matvec.h's
                    AVX512 kernel, where the extension builds), "bmm" (a batched product over 4 row
                    blocks) or "blas" (F.linear); results agree up to fp32 summation order
@@ -82,6 +84,7 @@ class Tuning:
     linear_form: str      # "cpp", "bmm" or "blas" (module doc)
     prefetch_spread: int = 0  # 1 or 0 (module doc)
     prefetch_kv: int = 1      # 0, 1 or 2 (module doc)
+    huge_pages: int = 1       # 1 or 0 (module doc)
     tile_q8_0: int = 0    # rows per kernel tile of a prepared weight, per format: 0, 8 or 16 (module doc)
     tile_q4_0: int = 0
     tile_q4_1: int = 0

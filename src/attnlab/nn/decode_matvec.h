@@ -50,6 +50,7 @@ struct Tuning {                     // how products are run here (speed only: ev
                                      // runs (decode_ops.h Ahead); 0: all of them before it starts
   int64_t prefetch_kv = 1;           // attention's next kv head's cache rows: 0 not prefetched, 1 all before this
                                      // head's pass, 2 a few per key of it (fused_decode.cpp)
+  int64_t huge_pages = 1;            // 1: the fused plan moves its weights onto 2 MiB pages (huge_pages.h), 0: not
 };
 
 inline Tuning& tuning() {  // one instance in the extension (an inline function's static)

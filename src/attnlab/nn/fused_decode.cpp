@@ -38,6 +38,7 @@
 #include "decode_attention.h"
 #include "decode_matvec.h"
 #include "decode_ops.h"
+#include "huge_pages.h"
 
 namespace attnlab_decode {
 namespace {
@@ -68,11 +69,17 @@ class DecodePlan : public torch::CustomClassHolder {
 
   // A weight (O, I): kind 0..2 = q8_0 / q4_0 / q4_1 with tensors [qs, d] or [qs, d, m] (nn/quant.py),
   // kind 3 = fp32 with [w]; bias (O,) fp32 or none; tile: the quantized layout (0 = rows, nn/quant.py).
-  // Returns its id for add_layer / set_output.
+  // Returns its id for add_layer / set_output. With Tuning::huge_pages its tensors' memory is moved onto
+  // 2 MiB pages (huge_pages.h).
   int64_t add_linear(int64_t kind, std::vector<at::Tensor> tensors, c10::optional<at::Tensor> bias, int64_t tile) {
     linears_.push_back(make_linear(kind, tensors, bias, tile));
+    if (tuning().huge_pages)
+      for (const at::Tensor& t : tensors) collapse_huge_pages(t.data_ptr(), t.nbytes(), huge_);
     return (int64_t)linears_.size() - 1;
   }
+
+  // Bytes of the 2 MiB regions add_linear moved onto huge pages (0 where the kernel could not).
+  int64_t huge_page_bytes() const { return (int64_t)(huge_.size() * kHugePage); }
 
   void add_layer(at::Tensor attn_norm, double attn_eps, std::vector<int64_t> qkv, int64_t o, at::Tensor ffn_norm,
                  double ffn_eps, std::vector<int64_t> gate_up, int64_t down) {
@@ -134,6 +141,7 @@ class DecodePlan : public torch::CustomClassHolder {
   Group head_;
   std::vector<Scratch> scratch_;                // one per thread
   std::vector<float> qkv_, att_, y_, gu_, p_;  // shared outputs, each part written by one thread
+  std::set<uintptr_t> huge_;                    // the 2 MiB regions add_linear collapsed
 };
 
 // x (D) = row `token` of the embedding: dequantized as nn/quant.py's dequantize (q·d, (q−8)·d, q·d + m)
@@ -325,5 +333,6 @@ TORCH_LIBRARY(attnlab_decode, m) {
       .def("add_linear", &attnlab_decode::DecodePlan::add_linear)
       .def("add_layer", &attnlab_decode::DecodePlan::add_layer)
       .def("set_output", &attnlab_decode::DecodePlan::set_output)
+      .def("huge_page_bytes", &attnlab_decode::DecodePlan::huge_page_bytes)
       .def("step", &attnlab_decode::DecodePlan::step);
 }

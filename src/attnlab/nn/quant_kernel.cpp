@@ -57,21 +57,21 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& qs, const at::Ten
 at::Tensor linear_f32(const at::Tensor& x, const at::Tensor& w) { return product(x, attnlab_decode::F32, {w}, 0); }
 
 // The per-machine Tuning (decode_matvec.h), as [parallel_bytes, prefetch_q, prefetch_f32, one_region,
-// prefetch_l2, prefetch_spread, prefetch_kv] (nn/quant_kernel.py TUNING_FIELDS): set once by nn/cpu_tuning.py;
+// prefetch_l2, prefetch_spread, prefetch_kv, huge_pages] (nn/quant_kernel.py TUNING_FIELDS): set once by nn/cpu_tuning.py;
 // speed only, never a result
 void set_tuning(std::vector<int64_t> v) {
   auto flag = [](int64_t x) { return x == 0 || x == 1; };
-  TORCH_CHECK(v.size() == 7 && v[0] > 0 && v[1] >= 0 && v[2] >= 0 && flag(v[3]) && flag(v[4]) && flag(v[5]) &&
-                  v[6] >= 0 && v[6] <= 2,
+  TORCH_CHECK(v.size() == 8 && v[0] > 0 && v[1] >= 0 && v[2] >= 0 && flag(v[3]) && flag(v[4]) && flag(v[5]) &&
+                  v[6] >= 0 && v[6] <= 2 && flag(v[7]),
               "tuning: [parallel_bytes > 0, prefetch_q >= 0, prefetch_f32 >= 0, one_region 0/1, prefetch_l2 0/1, "
-              "prefetch_spread 0/1, prefetch_kv 0/1/2]");
-  attnlab_decode::tuning() = attnlab_decode::Tuning{v[0], v[1], v[2], v[3], v[4], v[5], v[6]};
+              "prefetch_spread 0/1, prefetch_kv 0/1/2, huge_pages 0/1]");
+  attnlab_decode::tuning() = attnlab_decode::Tuning{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]};
 }
 
 std::vector<int64_t> get_tuning() {
   const attnlab_decode::Tuning& t = attnlab_decode::tuning();
   return {t.parallel_bytes, t.prefetch_q, t.prefetch_f32, t.one_region, t.prefetch_l2, t.prefetch_spread,
-          t.prefetch_kv};
+          t.prefetch_kv, t.huge_pages};
 }
 
 // 16 fp32 -> 16 bf16, round to nearest even (finite inputs), AVX512F only

@@ -73,7 +73,7 @@ SIMDE_HEADER = "simde/x86/avx512.h"
 SIMDE_DIRS = ("/usr/include", "/usr/local/include")  # and $CPATH's: where the compiler looks by itself
 LDFLAGS = ["-fopenmp"]
 TUNING_FIELDS = ("parallel_bytes", "prefetch_q", "prefetch_f32", "one_region", "prefetch_l2", "prefetch_spread",
-                 "prefetch_kv")  # decode_matvec.h
+                 "prefetch_kv", "huge_pages")  # decode_matvec.h
 PREFILL_ROWS = cpu_tuning.prefill_rows()  # from this many rows on, the GEMM route (module doc): 32 or 256
 FALLBACK_ROWS = 4096  # W rows dequantized at once by the fallback (bounds its fp32 temporary)
 _state: dict = {}
