@@ -57,6 +57,12 @@ Where a value came from (bench/decode_tuning.py runs the sweeps; the README keep
         stalled the step (perf: the samples on the instruction after each prefetcht1); spread, B = 1 / 8
         steps 1.11-1.15x / 1.16-1.23x faster than the bursts. fp32
         keeps its burst (spread or none: 1.2x slower at B = 1, bandwidth-bound).
+    huge_pages 1 in every row: measured on an EPYC Zen 3 on 2026-12-07 (`python bench/huge_pages.py
+        --rounds 10`, bench/results/huge_pages_amd_epyc_zen3.json: two copies of SmolLM2-135M decoding
+        in turns, huge / 4 KiB pages 1.06x fp32, 1.07x Q8_0, 1.01x Q4_0, medians of 10 rounds whose
+        spreads reach below 1; an earlier run 1.08x / 1.06x / 1.05x); the first plan build pays the
+        collapse once, 0.3-1.9 s. Not measured on Intel or Zen 4, where it is on for the same reason
+        (a stream of hundreds of MB crosses a 4 KiB page every 64 cache lines).
 The chosen values are printed in every bench JSON (`chosen()`), ATTNLAB_CPU_TUNING=intel|amd|amd_avx2
 forces one kind's row and ATTNLAB_QUANT_TILE=0|8|16 one tile for every format (to compare them on one
 machine; read when a weight is prepared).

@@ -8,7 +8,9 @@
 // contents; the regions' other bytes (neighbouring heap blocks) come along unchanged. Where the kernel
 // cannot (older kernels, file-backed or special mappings, no free huge page) the call fails and the
 // pages stay as they were: speed only, never a result.
-// Measured: the fp32 SmolLM2-135M step, 1.07-1.20x faster on an AMD EPYC Zen 3 (bench/huge_pages.py).
+// Measured on an AMD EPYC Zen 3 (bench/huge_pages.py; nn/cpu_tuning.py gives the figures): the fp32
+// and Q8_0 SmolLM2-135M steps ~1.06x faster, Q4_0 about even; the first plan build pays the copy and
+// the kernel's compaction once (0.3-1.9 s for that model), later builds find the pages already huge.
 // Source: madvise(2), MADV_COLLAPSE; Documentation/admin-guide/mm/transhuge.rst.
 #pragma once
 
