@@ -11,6 +11,8 @@ optimizer, the finiteness guard) on the recipe's model, data and batches:
     bf16_sdpa      the same with attention by torch's SDPA instead of nn/short_attention.py's kernel
                    (what the kernel gains, in the same rotation)
     fused_sdpa     fused, with attention by SDPA (the kernel's gain in fp32: CPUs without native bf16)
+    fused_composed_loss  fused, with the output projection and the loss composed of autograd's ops
+                   instead of nn/linear_cross_entropy.py's chunks (what the fused loss gains, fp32)
     compile        torch.compile of the model (inductor), fused AdamW
     compile_bf16   both
 
@@ -31,8 +33,8 @@ candidate's rate is also given as a ratio of nanoGPT's. --profile N profiles N m
 the most self CPU time (ms per step), to say where a step's time goes.
 
     python bench/train_step.py [--recipes shakespeare-char ...] [--candidates fp32 bf16 ...]
-                               [--steps 4] [--rounds 6] [--threads 2] [--nanogpt] [--profile 10]
-                               [--malloc-mmap-threshold BYTES]
+                               [--steps 4] [--rounds 6] [--first-step N] [--threads 2] [--nanogpt]
+                               [--profile 10] [--malloc-mmap-threshold BYTES]
 
 The process is set up as `attnlab train` sets up its own before building a model (glibc's mmap
 threshold as TrainConfig.malloc_mmap_threshold says: these recipes do not checkpoint activations,
@@ -56,7 +58,7 @@ from _common import host
 from _nanogpt_step import NanoGPTStep
 from _recipe_trainer import build_trainer, prepare, windows
 
-from attnlab.nn import short_attention
+from attnlab.nn import linear_cross_entropy, short_attention
 from attnlab.recipes import get_recipe
 from attnlab.train.host_memory import fix_mmap_threshold, mmap_threshold
 from attnlab.train.loop import Trainer
@@ -64,6 +66,7 @@ from attnlab.train.speed import autocast_context
 
 BASE = {"compile": "fused", "compile_bf16": "bf16"}  # what compiling is weighed against (the same, eager)
 WITHOUT_SHORT_ATTENTION = ("bf16_sdpa", "fused_sdpa")  # candidates whose steps run attention through SDPA
+WITHOUT_FUSED_LOSS = ("fused_composed_loss",)  # candidates whose steps compose the head and the loss
 CANDIDATES = {
     "fp32": {"autocast": "none", "compile": False, "optimizer_impl": "for-loop"},
     "foreach": {"autocast": "none", "compile": False, "optimizer_impl": "foreach"},
@@ -71,6 +74,7 @@ CANDIDATES = {
     "bf16": {"autocast": "bf16", "compile": False, "optimizer_impl": "fused"},
     "bf16_sdpa": {"autocast": "bf16", "compile": False, "optimizer_impl": "fused"},
     "fused_sdpa": {"autocast": "none", "compile": False, "optimizer_impl": "fused"},
+    "fused_composed_loss": {"autocast": "none", "compile": False, "optimizer_impl": "fused"},
     "compile": {"autocast": "none", "compile": True, "optimizer_impl": "fused"},
     "compile_bf16": {"autocast": "bf16", "compile": True, "optimizer_impl": "fused"},
 }
@@ -125,16 +129,27 @@ def sdpa_step(trainer: Trainer, window: list):
         short_attention.plan = plan
 
 
-def trainers(name: str, candidates: list[str], root: Path) -> tuple[dict, list, object]:
-    """One Trainer per candidate on recipe `name` (same data, same initial weights), the batches and
-    the prepared run (tasks.base.Prepared)."""
+def composed_loss_step(trainer: Trainer, window: list):
+    """One step of `trainer` with nn/linear_cross_entropy.py's chunked path turned off (the head's
+    logits and the loss by autograd's ops, as label_smoothed_cross_entropy composes them)."""
+    fused = linear_cross_entropy._fused
+    linear_cross_entropy._fused = lambda *args: False
+    try:
+        return trainer._train_step(window)
+    finally:
+        linear_cross_entropy._fused = fused
+
+
+def trainers(name: str, candidates: list[str], root: Path, first: int = 0) -> tuple[dict, list, object]:
+    """One Trainer per candidate on recipe `name` (same data, same initial weights), the batches of
+    optimizer steps first, first + 1, ... of epoch 0 and the prepared run (tasks.base.Prepared)."""
     recipe = get_recipe(name)
     task, prepared = prepare(recipe, root)
     torch.manual_seed(recipe.train.seed)
     initial = task.build_model(prepared.model_cfg).state_dict()
     cfgs = {c: recipe.train.from_dict({**recipe.train.to_dict(), **CANDIDATES[c]}) for c in candidates}
     out = {c: build_trainer(task, prepared, cfg, root / c, initial) for c, cfg in cfgs.items()}
-    return out, windows(recipe, prepared, WARMUP + 32), prepared
+    return out, windows(recipe, prepared, first + WARMUP + 32)[first:], prepared
 
 
 def autograd_nodes(loss: torch.Tensor) -> int:
@@ -170,12 +185,14 @@ def forward_nodes(trainer: Trainer, window: list) -> int:
 
 
 def bench_recipe(name: str, candidates: list[str], steps: int, rounds: int, nanogpt: bool = False,
-                 profile: int = 0) -> dict:
+                 profile: int = 0, first: int = 0) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        runs, windows, prepared = trainers(name, candidates, Path(tmp))
+        runs, windows, prepared = trainers(name, candidates, Path(tmp), first)
         step = {c: (lambda w, t=t: t._train_step(w)) for c, t in runs.items()}
         for c in set(WITHOUT_SHORT_ATTENTION) & set(runs):
             step[c] = lambda w, t=runs[c]: sdpa_step(t, w)
+        for c in set(WITHOUT_FUSED_LOSS) & set(runs):
+            step[c] = lambda w, t=runs[c]: composed_loss_step(t, w)
         names = list(candidates)
         if nanogpt and name in NANOGPT_RECIPES:
             peer = NanoGPTStep(prepared.objective.train.ids, prepared.model_cfg.vocab_size, Path(tmp))
@@ -228,6 +245,8 @@ def main() -> None:
     ap.add_argument("--candidates", nargs="+", default=list(CANDIDATES), choices=list(CANDIDATES))
     ap.add_argument("--steps", type=int, default=4, help="steps per candidate per round")
     ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--first-step", type=int, default=0, metavar="N",
+                    help="time the batches of optimizer step N on (e.g. past a batch-size warm-up)")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--no-probes", action="store_true", help="skip the GEMM and attention probes")
     ap.add_argument("--nanogpt", action="store_true",
@@ -245,13 +264,14 @@ def main() -> None:
         cache = tempfile.TemporaryDirectory(prefix="inductor-")  # removed at exit
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache.name
     torch.set_num_threads(args.threads)
-    record = {"bench": "train_step", "host": host(args.threads), "steps_per_round": args.steps,
-              "rounds": args.rounds, "compile_cache": "warm" if args.warm_compile_cache else "cold",
+    record = {"bench": "train_step", "host": host(args.threads), "first_step": args.first_step,
+              "steps_per_round": args.steps, "rounds": args.rounds, "compile_cache": "warm" if args.warm_compile_cache else "cold",
               "malloc_mmap_threshold": args.malloc_mmap_threshold, "mmap_threshold_fixed": fixed}
     if not args.no_probes:
         record["gemm_gflops"] = gemm_probe(768, 128, 512)
         record["attention"] = attention_probe(12, 4, 64, 32)
-    record["results"] = {name: bench_recipe(name, args.candidates, args.steps, args.rounds, args.nanogpt, args.profile)
+    record["results"] = {name: bench_recipe(name, args.candidates, args.steps, args.rounds, args.nanogpt, args.profile,
+                                              args.first_step)
                          for name in args.recipes}
     print(json.dumps(record))
 

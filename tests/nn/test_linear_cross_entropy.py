@@ -1,6 +1,7 @@
 """linear_cross_entropy (nn/linear_cross_entropy.py): the chunked head + cross-entropy gives
 F.cross_entropy's loss (1e-6) and gradients (5e-6: fp32 summation order) of the composition, for a
-frozen, a trained and a quantized head, with label smoothing, and keeps no (N, V) tensor for the
+frozen, a trained and a quantized head, with label smoothing (over all classes, or all but padding:
+the translation loss), with a head tied to the embedding, and keeps no (N, V) tensor for the
 backward."""
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from attnlab.nn.linear_cross_entropy import linear_cross_entropy
+from attnlab.nn.cross_entropy import label_smoothed_cross_entropy
+from attnlab.nn.linear_cross_entropy import chunk_rows_for, linear_cross_entropy
 from attnlab.nn.quant_linear import quantize_model
 
 
@@ -104,3 +106,46 @@ def test_without_gradients_it_is_the_plain_loss():
     head, hidden, targets = case(False)
     with torch.no_grad():
         assert torch.equal(linear_cross_entropy(hidden, head, targets), F.cross_entropy(head(hidden), targets))
+
+
+@pytest.mark.parametrize("trained", [False, True])
+@pytest.mark.parametrize("epsilon", [0.0, 0.1])
+def test_smoothing_without_the_pad_class_equals_the_translation_loss(trained, epsilon):
+    # pad_id: ε spread over the V − 1 classes other than pad (nn/cross_entropy.py), as the
+    # translation step trains; loss (1e-6) and gradients (5e-6: fp32 summation order)
+    head, hidden, targets = case(trained)
+    targets = targets.clamp(min=1)  # the rows that carry a loss: none is padding
+    ours = run(lambda h: linear_cross_entropy(h, head, targets, epsilon, chunk_rows=8, pad_id=0), head, hidden,
+               targets)
+    ref = run(lambda h: label_smoothed_cross_entropy(head(h), targets, epsilon, pad_id=0), head, hidden, targets)
+    assert (ours[0] - ref[0]).abs() <= 1e-6 * ref[0].abs()
+    for a, b in zip(ours[1:], ref[1:]):
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert (a - b).abs().max() <= 5e-6 * b.abs().max()
+    with torch.no_grad():  # the composition itself where no gradient is taken (evaluation)
+        assert torch.equal(linear_cross_entropy(hidden, head, targets, epsilon, pad_id=0),
+                           label_smoothed_cross_entropy(head(hidden), targets, epsilon, pad_id=0))
+
+
+def test_a_head_tied_to_the_embedding_gets_both_gradients():
+    # the translation model's output projection shares the embedding's weight (§3.4): the weight's
+    # gradient is the embedding's part plus the head's, as with the composition
+    torch.manual_seed(0)
+    embed = nn.Embedding(50, 16)
+    head = nn.Linear(16, 50, bias=False)
+    head.weight = embed.weight
+    tokens, targets = torch.randint(1, 50, (30,)), torch.randint(1, 50, (30,))
+    grads = []
+    for loss_fn in (lambda h: linear_cross_entropy(h, head, targets, 0.1, chunk_rows=7, pad_id=0),
+                    lambda h: label_smoothed_cross_entropy(head(h), targets, 0.1, pad_id=0)):
+        embed.zero_grad(set_to_none=True)
+        loss_fn(torch.tanh(embed(tokens))).backward()
+        grads.append(embed.weight.grad.clone())
+    assert (grads[0] - grads[1]).abs().max() <= 5e-6 * grads[1].abs().max()
+
+
+def test_a_chunk_holds_about_chunk_bytes_of_logits():
+    assert chunk_rows_for(49_152) == 128  # SmolLM2: the 128 rows measured (module doc)
+    assert chunk_rows_for(8_000) == 786   # Multi30k's joint BPE
+    assert chunk_rows_for(10**9) == 1

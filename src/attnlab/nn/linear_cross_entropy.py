@@ -5,12 +5,16 @@ Shape legend: N positions, D model dim, V vocabulary, C rows per chunk.
 
     loss = mean over the N rows of  (1 − ε)(lse(z) − z_y) + ε (lse(z) − mean(z)),   z = h Wᵀ (N, V)
 
+(with pad_id, mean(z) is over the V − 1 classes other than pad: the smoothing puts no mass on
+padding, as nn/cross_entropy.py label_smoothed_cross_entropy, the translation loss of Vaswani et al.
+2017, §5.4)
+
 Composed of autograd's ops (the head, log_softmax, nll), a step keeps the (N, V) log-probabilities
 for the backward and makes two more (N, V) tensors in it (their gradient, the logits' gradient):
 ~200 MB for SmolLM2's 49,152 tokens at 350 positions, the largest tensors of a fine-tuning step.
 Here each chunk of C rows computes its logits, their log-sum-exp, its loss and its logits' gradient
 
-    ∂loss/∂z = (softmax(z) − (1 − ε) one_hot(y) − ε / V) / N
+    ∂loss/∂z = (softmax(z) − (1 − ε) one_hot(y) − ε u) / N,   u = 1 / V (with pad_id: 1 / (V − 1), 0 at pad)
 
 from which the chunk's ∂/∂h = (∂loss/∂z) W (and ∂/∂W += (∂loss/∂z)ᵀ h when W is trained) is
 taken at once; the backward only scales the saved (N, D) (and (V, D)) gradients by the incoming
@@ -18,9 +22,19 @@ one. The same values as F.cross_entropy(label_smoothing=ε) of head(h) up to fp3
 sums (tests/nn/test_linear_cross_entropy.py). Liger-Kernel's fused linear cross-entropy (Hsu et al.
 2024, §3.2) does the same on GPUs.
 
-The head is an fp32 nn.Linear without bias (a trained or a frozen weight) or a QuantLinear (frozen;
-its product and its input gradient). Anything else (autocast, bf16, a bias, a sharded weight) takes
-the composition: F.cross_entropy(head(h).float(), y).
+The head is an fp32 nn.Linear without bias (a trained or a frozen weight, tied to an embedding or
+not) or a QuantLinear (frozen; its product and its input gradient). Anything else (autocast, bf16, a
+bias, a sharded weight; no gradient needed) takes the composition: label_smoothed_cross_entropy of
+head(h).
+
+A chunk holds about CHUNK_BYTES of logits: 128 rows of SmolLM2's 49,152 tokens, 786 of Multi30k's
+8,000. The translation step (fp32, 2 threads, AMD EPYC Zen 3, 2,000-token batches) against the
+composition in the same rotation: 712.7 against 878.6 ms, 1.23x (`python bench/train_step.py
+--recipes multi30k-en-de --candidates fused fused_composed_loss --steps 3 --rounds 6 --first-step 200
+--no-probes`, bench/results/train_step_multi30k_fused_loss_amd_epyc_zen3.json); the composition
+spent ~115 ms of its step outside the products (the (N, V) log-softmax forward and backward, the
+gather's zero-filled gradient). In alternated steps of a throwaway script, 128-row chunks gave
+~1.07x, 512-1,024 rows ~1.10-1.22x.
 """
 from __future__ import annotations
 
@@ -28,11 +42,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnlab.nn.cross_entropy import label_smoothed_cross_entropy
 from attnlab.nn.quant_linear import QuantLinear
 
-CHUNK_ROWS = 128  # C: a (128, 49,152) fp32 chunk of logits is 25 MB, the one (C, V) tensor of a chunk;
-# the two products of 128 rows run ~25% faster than of 64 (MKL, AMD EPYC Zen 4: 492 against 640 ms
-# for SmolLM2's 360 response positions, forward and backward, 2 threads)
+CHUNK_BYTES = 128 * 49_152 * 4  # a chunk's (C, V) fp32 logits, the one (C, V) tensor that lives: 24 MiB;
+# at SmolLM2's vocabulary 128 rows, whose two products run ~25% faster than 64 rows' (MKL, AMD EPYC
+# Zen 4: 492 against 640 ms for SmolLM2's 360 response positions, forward and backward, 2 threads)
+
+
+def chunk_rows_for(vocab: int) -> int:
+    """C: the rows whose (C, V) fp32 logits fill CHUNK_BYTES (at least 1)."""
+    return max(1, CHUNK_BYTES // (4 * vocab))
 
 
 def _fused(head: nn.Module, hidden: torch.Tensor) -> bool:
@@ -50,8 +70,9 @@ def _fused(head: nn.Module, hidden: torch.Tensor) -> bool:
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, targets, head, epsilon, chunk):
+    def forward(ctx, hidden, weight, targets, head, epsilon, chunk, pad_id):
         n, vocab = hidden.size(0), head.out_features
+        spread = vocab if pad_id is None else vocab - 1  # the classes the smoothing covers
         quant = isinstance(head, QuantLinear)
         grad_h = torch.empty_like(hidden)
         grad_w = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
@@ -59,7 +80,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
         for s in range(0, n, chunk):
             h, y = hidden[s:s + chunk], targets[s:s + chunk, None]
             z = head.product(h) if quant else h @ weight.t()  # (C, V)
-            picked, mean = z.gather(1, y)[:, 0], z.mean(dim=-1) if epsilon else None
+            picked, mean = z.gather(1, y)[:, 0], None
+            if epsilon:
+                mean = z.sum(dim=-1) if pad_id is None else z.sum(dim=-1) - z[:, pad_id]
+                mean /= spread
             top = z.amax(dim=-1, keepdim=True)  # (C, 1)
             g = z.sub_(top).exp_()  # exp(z − max), in the logits' place (no second (C, V) tensor)
             norm = g.sum(dim=-1, keepdim=True)
@@ -70,7 +94,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
             total += rows.sum()
             g.div_(norm)  # softmax
             if epsilon:
-                g.sub_(epsilon / vocab)
+                g.sub_(epsilon / spread)
+                if pad_id is not None:
+                    g[:, pad_id] += epsilon / spread
             g.scatter_add_(1, y, g.new_full(y.shape, -(1 - epsilon)))
             g.div_(n)
             grad_h[s:s + chunk] = head.input_grad(g) if quant else g @ weight
@@ -83,24 +109,31 @@ class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         grad_h, *grad_w = ctx.saved_tensors
-        return grad_h * grad, (grad_w[0] * grad if grad_w else None), None, None, None, None
+        return grad_h * grad, (grad_w[0] * grad if grad_w else None), None, None, None, None, None
 
 
 def linear_cross_entropy(hidden: torch.Tensor, head: nn.Module, targets: torch.Tensor,
-                         label_smoothing: float = 0.0, chunk_rows: int = CHUNK_ROWS) -> torch.Tensor:
+                         label_smoothing: float = 0.0, chunk_rows: int | None = None,
+                         pad_id: int | None = None) -> torch.Tensor:
     """Mean cross-entropy of head(hidden) against targets (module docstring), differentiable in
     hidden and in the head's weight where it is trained.
 
     Args:
         hidden: (N, D) the final hidden states of the positions that carry a loss. head: the output
-            projection, D -> V. targets: (N,) int64 in [0, V). label_smoothing: ε in [0, 1).
-        chunk_rows: C, rows per chunk.
+            projection, D -> V. targets: (N,) int64 in [0, V), every row counted (pass only the
+            positions that carry a loss). label_smoothing: ε in [0, 1).
+        chunk_rows: C, rows per chunk; None: chunk_rows_for(V).
+        pad_id: the padding class the smoothing leaves out (None: it covers all V classes).
     Returns:
-        () fp32, as F.cross_entropy(head(hidden).float(), targets, label_smoothing=ε).
+        () fp32, as label_smoothed_cross_entropy(head(hidden), targets, ε, pad_id=pad_id) (with
+        pad_id None, F.cross_entropy(head(hidden).float(), targets, label_smoothing=ε)).
     """
     if not hidden.size(0) or not _fused(head, hidden):
-        return F.cross_entropy(head(hidden).float(), targets, label_smoothing=label_smoothing)
+        if pad_id is None:
+            return F.cross_entropy(head(hidden).float(), targets, label_smoothing=label_smoothing)
+        return label_smoothed_cross_entropy(head(hidden), targets, label_smoothing, pad_id=pad_id)
     weight = head.qs if isinstance(head, QuantLinear) else head.weight  # a quantized head is frozen
     if isinstance(head, QuantLinear) or not weight.requires_grad:
         weight = weight.detach()
-    return _LinearCrossEntropy.apply(hidden, weight, targets, head, float(label_smoothing), chunk_rows)
+    chunk = chunk_rows_for(head.out_features) if chunk_rows is None else chunk_rows
+    return _LinearCrossEntropy.apply(hidden, weight, targets, head, float(label_smoothing), chunk, pad_id)

@@ -2,7 +2,7 @@
 
 The learning rates come from the training loop's own schedule (train/loop.learning_rate, which calls
 train/optim.py's noam_lr or cosine_lr) with the recipe's settings; the smoothed target is read off
-train/losses.py's label_smoothed_cross_entropy itself: for logits z, ∂loss/∂z = softmax(z) − q, so
+nn/cross_entropy.py's label_smoothed_cross_entropy itself: for logits z, ∂loss/∂z = softmax(z) − q, so
 q = softmax(z) − ∂loss/∂z.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from attnlab.errors import UserError
-from attnlab.train.losses import label_smoothed_cross_entropy
+from attnlab.nn.cross_entropy import label_smoothed_cross_entropy
 from attnlab.train.loop import decays_over_minutes, learning_rate, warms_up_over_minutes
 from attnlab.viz.figure import finish, new_figure
 from attnlab.viz.sources import get_recipe
