@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -53,3 +54,8 @@ def lscpu() -> dict:
 def save_figure(fig, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+
+
+def spread(values: list[float]) -> dict:
+    """median, min and max of a bench's repeated figures, rounded to 3 places."""
+    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3), "max": round(max(values), 3)}

@@ -16,22 +16,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 
 import torch
-from _common import SHARED, host
+from _common import SHARED, host, spread
 
 from attnlab.engines import FusedEngine
 from attnlab.jsonfile import write_json_atomic
 from attnlab.load import load_causal_lm
 from attnlab.nn import cpu_tuning
 from attnlab.nn.quant_kernel import get_tuning, kernel, set_tuning
-
-
-def spread(values: list[float]) -> dict:
-    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3), "max": round(max(values), 3)}
 
 
 def build(model, huge: int, max_len: int) -> tuple[FusedEngine, float]:

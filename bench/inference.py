@@ -39,7 +39,7 @@ import time
 
 import _llamacpp as peer
 import torch
-from _common import SHARED, host
+from _common import SHARED, host, spread
 
 from attnlab.engines import KV_DTYPE_NAMES, engine_name
 from attnlab.engines.fused import cache_dtype
@@ -81,10 +81,6 @@ def peer_once(llm, ids: list[int], new: int) -> dict:
         llm.eval([tokens[-1]])
     t2 = time.perf_counter()
     return {"prefill_tok_s": len(ids) / (t1 - t0), "decode_tok_s": new / (t2 - t1), "tokens": tokens}
-
-
-def spread(values: list[float]) -> dict:
-    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3), "max": round(max(values), 3)}
 
 
 def pairs(model, llm, ids, new, n, bandwidth, ours_bytes, peer_bytes) -> dict:

@@ -119,25 +119,16 @@ def attention_probe(batch: int, heads: int, length: int, head_dim: int) -> dict:
     return {"shape": [batch, heads, length, head_dim], "ms_forward_backward": out}
 
 
-def sdpa_step(trainer: Trainer, window: list):
-    """One step of `trainer` with nn/short_attention.py's kernel turned off (SDPA for every attention)."""
-    plan = short_attention.plan
-    short_attention.plan = lambda *args: None
+def step_without(trainer: Trainer, window: list, module, rule: str):
+    """One step of `trainer` with module.rule, the test of whether a fast path applies, answering
+    no: short_attention.plan (attention by SDPA), linear_cross_entropy._fused (the head and the
+    loss composed of autograd's ops)."""
+    kept = getattr(module, rule)
+    setattr(module, rule, lambda *args: None)
     try:
         return trainer._train_step(window)
     finally:
-        short_attention.plan = plan
-
-
-def composed_loss_step(trainer: Trainer, window: list):
-    """One step of `trainer` with nn/linear_cross_entropy.py's chunked path turned off (the head's
-    logits and the loss by autograd's ops, as label_smoothed_cross_entropy composes them)."""
-    fused = linear_cross_entropy._fused
-    linear_cross_entropy._fused = lambda *args: False
-    try:
-        return trainer._train_step(window)
-    finally:
-        linear_cross_entropy._fused = fused
+        setattr(module, rule, kept)
 
 
 def trainers(name: str, candidates: list[str], root: Path, first: int = 0) -> tuple[dict, list, object]:
@@ -190,9 +181,9 @@ def bench_recipe(name: str, candidates: list[str], steps: int, rounds: int, nano
         runs, windows, prepared = trainers(name, candidates, Path(tmp), first)
         step = {c: (lambda w, t=t: t._train_step(w)) for c, t in runs.items()}
         for c in set(WITHOUT_SHORT_ATTENTION) & set(runs):
-            step[c] = lambda w, t=runs[c]: sdpa_step(t, w)
+            step[c] = lambda w, t=runs[c]: step_without(t, w, short_attention, "plan")
         for c in set(WITHOUT_FUSED_LOSS) & set(runs):
-            step[c] = lambda w, t=runs[c]: composed_loss_step(t, w)
+            step[c] = lambda w, t=runs[c]: step_without(t, w, linear_cross_entropy, "_fused")
         names = list(candidates)
         if nanogpt and name in NANOGPT_RECIPES:
             peer = NanoGPTStep(prepared.objective.train.ids, prepared.model_cfg.vocab_size, Path(tmp))
