@@ -1,7 +1,7 @@
 """The short attention of training (nn/short_attention.py): equal to SDPA in float64 (values and
 every gradient; fp32 to 1e-5; grouped-query heads, padded keys, causal or not, T != S), bf16 exactly
-the fp32 kernel rounded once, used by attention only where it applies (an AVX512 build; an AVX2 one
-keeps SDPA), and a missing extension named."""
+the fp32 kernel rounded once, used by attention only where it applies (either build of the extension),
+and a missing extension named."""
 from __future__ import annotations
 
 import pytest
@@ -15,12 +15,6 @@ from attnlab.nn.attention import MultiHeadAttention, scaled_dot_product_attentio
 
 CPP = quant_kernel.kernel() == "cpp"
 needs_cpp = pytest.mark.skipif(not CPP, reason="the C++ extension does not build here")
-
-
-@pytest.fixture
-def avx512_build(monkeypatch):
-    """`plan` as on a CPU with AVX512 (the kernel itself runs on either build: SIMDe on AVX2)."""
-    monkeypatch.setattr(quant_kernel, "built_for", lambda: "avx512")
 
 
 def _inputs(b, h, t, dh, dtype, seed=0, contiguous=False, kv_heads=None):
@@ -82,7 +76,7 @@ def test_a_query_never_sees_a_later_key():
 
 
 @needs_cpp
-def test_attention_uses_it_in_training_only(monkeypatch, avx512_build):
+def test_attention_uses_it_in_training_only(monkeypatch):
     calls = []
     real = short_attention.attention
     monkeypatch.setattr(short_attention, "attention", lambda *a: calls.append(1) or real(*a))
@@ -101,7 +95,7 @@ def test_attention_uses_it_in_training_only(monkeypatch, avx512_build):
 
 @needs_cpp
 @pytest.mark.parametrize("case", ["dropout", "no_grad", "long", "odd_head_dim", "mask"])
-def test_sdpa_where_it_does_not_apply(case, monkeypatch, avx512_build):
+def test_sdpa_where_it_does_not_apply(case, monkeypatch):
     calls = []
     monkeypatch.setattr(short_attention, "attention", lambda *a: calls.append(1))
     t, dh, dropout = 16, 16, 0.0
@@ -131,17 +125,15 @@ def test_a_missing_extension_is_named(monkeypatch):
     assert out.shape == q.shape
 
 
-def test_an_avx2_build_keeps_sdpa(monkeypatch):
-    """Where the extension is built for AVX2 (its 16 lanes emulated, slower than SDPA there), training
-    attention is SDPA's, with the same values."""
-    monkeypatch.setattr(quant_kernel, "built_for", lambda: "avx2")
-    calls = []
-    monkeypatch.setattr(short_attention, "attention", lambda *a: calls.append(1))
+@pytest.mark.parametrize("build", ["avx512", "avx2"])
+def test_either_build_runs_it(monkeypatch, build):
+    """The kernel has a native form for each build of the extension (nn/lanes.h: 16 or 8 lanes), so
+    training attention takes it on AVX2 CPUs too; only without the extension does SDPA run."""
+    monkeypatch.setattr(quant_kernel, "built_for", lambda: build)
     q = torch.randn(1, 2, 8, 16, requires_grad=True)
+    assert short_attention.plan(q, q, q, None, 0.0, True) == (None, True)
+    monkeypatch.setattr(quant_kernel, "built_for", lambda: None)
     assert short_attention.plan(q, q, q, None, 0.0, True) is None
-    out, _ = attention_mod.scaled_dot_product_attention(q, q, q, is_causal=True)
-    assert calls == []
-    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, q, q, is_causal=True))
 
 
 def _padded_reference(q, k, v, lengths, causal):
@@ -173,7 +165,7 @@ def test_padded_keys_equal_sdpa_in_float64(t, s, causal, kv_heads):
 
 
 @needs_cpp
-def test_plan_reads_padding_masks_and_refuses_others(avx512_build):
+def test_plan_reads_padding_masks_and_refuses_others():
     b, t = 3, 6
     q = torch.randn(b, 4, t, 16, requires_grad=True)
     lengths = torch.tensor([6, 2, 4])

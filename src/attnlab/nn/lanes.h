@@ -1,12 +1,13 @@
-// The vector the selective-scan kernels (ssm_scan.h, ssm_scan.cpp) run on: kLanes channels in fp32,
-// 16 in a 512-bit register where the CPU has AVX512, 8 in a 256-bit one in the "avx2" build
-// (nn/quant_kernel.py INSTRUCTION_SETS, CPUs such as AMD EPYC Zen 3). The other kernels reach AVX2
-// through SIMDe's emulated 512-bit vectors (simd_compat.h); the scan cannot: it keeps N state vectors
-// in registers for a whole sequence, and as pairs of 256-bit halves with bit-by-bit masks they were
-// spilled and rebuilt at every step (the scan ran no faster than the PyTorch loop there). So the scan
-// is written once against the functions below, each one instruction of either width (exp and log1p:
-// Sleef's), in the same order: a channel's values have the same bits in both builds; only the sums
-// over channels (∂B, ∂C) add their lanes in groups of the width, in another order.
+// The vector the selective-scan kernels (ssm_scan.h, ssm_scan.cpp) and the short attention of training
+// (short_attention.cpp) run on: kLanes fp32 values, 16 in a 512-bit register where the CPU has AVX512,
+// 8 in a 256-bit one in the "avx2" build (nn/quant_kernel.py INSTRUCTION_SETS, CPUs such as AMD EPYC
+// Zen 3). The other kernels reach AVX2 through SIMDe's emulated 512-bit vectors (simd_compat.h); these
+// cannot: the scan keeps N state vectors in registers for a whole sequence, attention two rows of
+// accumulators, and as pairs of 256-bit halves with bit-by-bit masks they were spilled and rebuilt at
+// every step (the scan ran no faster than the PyTorch loop there, attention slower than SDPA). So they
+// are written once against the functions below, each one instruction of either width (exp and log1p:
+// Sleef's), in the same order: an element's value has the same bits in both builds; only the sums
+// across lanes (∂B, ∂C; a softmax's denominator, do · o) add their lanes in groups of the width.
 #pragma once
 
 #include "simd_compat.h"
@@ -77,6 +78,29 @@ inline Vec hsum_lanes(const Vec* v) {
 }
 inline float hsum(Vec v) { return _mm512_reduce_add_ps(v); }
 inline void store_all(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+__attribute__((always_inline)) inline Vec max(Vec a, Vec b) { return _mm512_max_ps(a, b); }
+inline float hmax(Vec v) { return _mm512_reduce_max_ps(v); }
+// lanes [0, n) of a vector; none for n ≤ 0, all for n ≥ kLanes
+__attribute__((always_inline)) inline Mask first(int64_t n) {
+  return n >= kLanes ? (Mask)0xFFFF : n <= 0 ? (Mask)0 : (Mask)((1u << n) - 1);
+}
+__attribute__((always_inline)) inline Vec select(Mask m, Vec then, Vec otherwise) {
+  return _mm512_mask_blend_ps(m, otherwise, then);
+}
+__attribute__((always_inline)) inline Vec keep(Mask m, Vec v) { return _mm512_maskz_mov_ps(m, v); }  // 0 elsewhere
+// kLanes bf16 values widened to fp32 (exact)
+__attribute__((always_inline)) inline Vec load_bf16(const uint16_t* p) {
+  const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+// fp32 → bf16, round to nearest even, NaN kept a (quiet) NaN: c10::BFloat16's rule
+__attribute__((always_inline)) inline void store_bf16(uint16_t* p, Vec x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
+  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+}
 
 #else  // AVX2, FMA, F16C
 extern "C" __m256 Sleef_log1pf8_u10avx2(__m256) __attribute__((weak));
@@ -142,6 +166,33 @@ inline float hsum(Vec v) {
   return _mm_cvtss_f32(_mm_add_ss(w, _mm_movehdup_ps(w)));
 }
 inline void store_all(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+__attribute__((always_inline)) inline Vec max(Vec a, Vec b) { return _mm256_max_ps(a, b); }
+inline float hmax(Vec v) {
+  const __m128 u = _mm_max_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+  const __m128 w = _mm_max_ps(u, _mm_movehl_ps(u, u));
+  return _mm_cvtss_f32(_mm_max_ss(w, _mm_movehdup_ps(w)));
+}
+__attribute__((always_inline)) inline Mask first(int64_t n) { return lanes(0, n); }
+__attribute__((always_inline)) inline Vec select(const Mask& m, Vec then, Vec otherwise) {
+  return m.full ? then : _mm256_blendv_ps(otherwise, then, _mm256_castsi256_ps(m.on));
+}
+__attribute__((always_inline)) inline Vec keep(const Mask& m, Vec v) {
+  return m.full ? v : _mm256_and_ps(_mm256_castsi256_ps(m.on), v);
+}
+__attribute__((always_inline)) inline Vec load_bf16(const uint16_t* p) {
+  const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+__attribute__((always_inline)) inline void store_bf16(uint16_t* p, Vec x) {
+  const __m256i u = _mm256_castps_si256(x);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))), 16);
+  r = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC0)),
+                                           _mm256_cmp_ps(x, x, _CMP_UNORD_Q)));
+  // each lane ≤ 0xFFFF, so the unsigned saturating pack keeps it
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                   _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
+}
 #endif
 
 __attribute__((always_inline)) inline Vec ones() { return set1(1.0f); }

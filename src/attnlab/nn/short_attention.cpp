@@ -13,9 +13,11 @@
 //   backward   D_i = do_i · o_i,  dp_ij = do_i · v_j,  ds_ij = p_ij (dp_ij − D_i)
 //              dq_i = scale Σ_j ds_ij k_j,  dk_j = scale Σ_i ds_ij q_i,  dv_j = Σ_i p_ij do_i
 // A query that sees no key gives o_i = 0 (ℓ_i = −∞) and no gradient. The backward pass recomputes p
-// from ℓ (FlashAttention's way: no T × S tensor is kept). Rows of scores are computed 16 keys to a
-// vector from Kᵀ (no horizontal sums), only as far as a row's last visible key; bf16 is read by
-// widening and written rounded to nearest even (as c10::BFloat16). Threads: at::parallel_for over the
+// from ℓ (FlashAttention's way: no T × S tensor is kept). Rows of scores are computed kLanes keys to a
+// vector (16 with AVX512, 8 in the AVX2 build: lanes.h) from Kᵀ (no horizontal sums), only as far as
+// a row's last visible key; bf16 is read by widening and written rounded to nearest even (as
+// c10::BFloat16). Each score, weight and output element has the same bits in both builds; the
+// softmax's denominator and do · o sum their lanes in the width's order. Threads: at::parallel_for over the
 // B · H query heads (forward) and the B · K key/value heads (backward: a head's dk, dv sum over its
 // H / K queries).
 // Source: Vaswani et al. 2017, §3.2.1 (equation 1); Dao et al. 2022, "FlashAttention", §3.1 and
@@ -23,19 +25,22 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
-#include "simd_compat.h"
 #include <cstdint>
 #include <algorithm>
-#include <cstring>
+#include <cmath>
 #include <vector>
 
-#include "decode_ops.h"  // exp16
+#include "lanes.h"
 
 namespace {
 
-using attnlab_decode::exp16;
+namespace L = attnlab_lanes;
+using L::Vec;
 
-constexpr int64_t kL = 16, kMaxT = 128, kMaxD = 128, kMaxV = kMaxT / kL;
+constexpr int64_t kL = L::kLanes, kMaxT = 128, kMaxD = 128, kMaxV = kMaxT / kL;
+// Vectors of a row computed together: two rows' accumulators, a broadcast each and a load stay in the
+// registers (32 with AVX512, 16 with AVX2).
+constexpr int kBlock = kL == 16 ? 8 : 4;
 
 // A (B, H, T, Dh) tensor's rows, fp32 or bf16, last dimension contiguous.
 struct Rows {
@@ -53,123 +58,110 @@ Rows rows(const at::Tensor& x) {
 inline void load_row(float* dst, const void* src, bool bf16, int64_t n) {
   if (!bf16) {  // a row of Dh ≤ 128 floats: vector moves (a memcpy call per row cost more than the copy)
     const float* s = static_cast<const float*>(src);
-    for (int64_t d = 0; d < n; d += kL) _mm512_storeu_ps(dst + d, _mm512_loadu_ps(s + d));
+    for (int64_t d = 0; d < n; d += kL) L::store_all(dst + d, L::loadu(s + d));
     return;
   }
   const uint16_t* s = static_cast<const uint16_t*>(src);
-  for (int64_t d = 0; d < n; d += kL) {
-    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + d)));
-    _mm512_storeu_ps(dst + d, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
-  }
-}
-
-// fp32 → bf16, round to nearest even, NaN kept a (quiet) NaN: c10::BFloat16's rule, 16 at a time
-inline __m256i to_bf16(__m512 x) {
-  const __m512i u = _mm512_castps_si512(x);
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
-  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
-  return _mm512_cvtepi32_epi16(r);
+  for (int64_t d = 0; d < n; d += kL) L::store_all(dst + d, L::load_bf16(s + d));
 }
 
 inline void store_row(void* dst, const float* src, bool bf16, int64_t n) {
   if (!bf16) {
     float* o = static_cast<float*>(dst);
-    for (int64_t d = 0; d < n; d += kL) _mm512_storeu_ps(o + d, _mm512_loadu_ps(src + d));
+    for (int64_t d = 0; d < n; d += kL) L::store_all(o + d, L::loadu(src + d));
     return;
   }
   uint16_t* o = static_cast<uint16_t*>(dst);
-  for (int64_t d = 0; d < n; d += kL)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + d), to_bf16(_mm512_loadu_ps(src + d)));
+  for (int64_t d = 0; d < n; d += kL) L::store_bf16(o + d, L::loadu(src + d));
 }
 
 // Two query rows at a time (rows a and b = a + 1): every vector of K, V, Kᵀ, Vᵀ, dk or dv loaded
 // serves both rows, halving the loads per multiply-add (the loops are load-bound with one row).
 // An odd T's last block repeats row a as row b with zero weights (its results are not stored).
+// Each function below runs NV ≤ kBlock vectors of its output at a time; each element sums its terms
+// in the same order whatever the blocking.
 
-// out_r[0, 16·NV) = Σ_d x_r[d] · Mt[d, ·] for the rows x_a, x_b against a transposed (D, Tp) matrix
+// out_r[0, kL·NV) = Σ_d x_r[d] · Mt[d, ·] for the rows x_a, x_b against a transposed (D, Tp) matrix
 template <int NV>
-inline void row_times2(const float* xa, const float* xb, const float* mt, int64_t D, int64_t Tp, __m512* oa,
-                       __m512* ob) {
-  __m512 a[NV], b[NV];
-  for (int v = 0; v < NV; ++v) a[v] = b[v] = _mm512_setzero_ps();
+inline void row_times2(const float* xa, const float* xb, const float* mt, int64_t D, int64_t Tp, Vec* oa, Vec* ob) {
+  Vec a[NV], b[NV];
+  for (int v = 0; v < NV; ++v) a[v] = b[v] = L::zero();
   for (int64_t d = 0; d < D; ++d) {
-    const __m512 xad = _mm512_set1_ps(xa[d]), xbd = _mm512_set1_ps(xb[d]);
+    const Vec xad = L::set1(xa[d]), xbd = L::set1(xb[d]);
     const float* m = mt + d * Tp;
     for (int v = 0; v < NV; ++v) {
-      const __m512 mv = _mm512_loadu_ps(m + v * kL);
-      a[v] = _mm512_fmadd_ps(xad, mv, a[v]);
-      b[v] = _mm512_fmadd_ps(xbd, mv, b[v]);
+      const Vec mv = L::loadu(m + v * kL);
+      a[v] = L::fmadd(xad, mv, a[v]);
+      b[v] = L::fmadd(xbd, mv, b[v]);
     }
   }
   for (int v = 0; v < NV; ++v) oa[v] = a[v], ob[v] = b[v];
 }
 
-inline void row_times2(int nv, const float* xa, const float* xb, const float* mt, int64_t D, int64_t Tp, __m512* oa,
-                       __m512* ob) {
-  switch (nv) {
-    case 1: return row_times2<1>(xa, xb, mt, D, Tp, oa, ob);
-    case 2: return row_times2<2>(xa, xb, mt, D, Tp, oa, ob);
-    case 3: return row_times2<3>(xa, xb, mt, D, Tp, oa, ob);
-    case 4: return row_times2<4>(xa, xb, mt, D, Tp, oa, ob);
-    case 5: return row_times2<5>(xa, xb, mt, D, Tp, oa, ob);
-    case 6: return row_times2<6>(xa, xb, mt, D, Tp, oa, ob);
-    case 7: return row_times2<7>(xa, xb, mt, D, Tp, oa, ob);
-    default: return row_times2<8>(xa, xb, mt, D, Tp, oa, ob);
-  }
-}
-
-// acc_r[0, 16·DV) = Σ_{j<n} w_r[j] · M[j, ·] for the weight rows w_a, w_b (M row-major (n, 16·DV))
-template <int DV>
-inline void weighted_rows2(const float* wa, const float* wb, const float* m, int64_t n, float* acc_a, float* acc_b) {
-  constexpr int64_t D = DV * kL;
-  __m512 a[DV], b[DV];
-  for (int u = 0; u < DV; ++u) a[u] = b[u] = _mm512_setzero_ps();
+// acc_r[0, kL·NV) = Σ_{j<n} w_r[j] · M[j, ·] for the weight rows w_a, w_b (M's rows `stride` floats apart)
+template <int NV>
+inline void weighted_rows2(const float* wa, const float* wb, const float* m, int64_t n, int64_t stride, float* acc_a,
+                           float* acc_b) {
+  Vec a[NV], b[NV];
+  for (int u = 0; u < NV; ++u) a[u] = b[u] = L::zero();
   for (int64_t j = 0; j < n; ++j) {
-    const __m512 waj = _mm512_set1_ps(wa[j]), wbj = _mm512_set1_ps(wb[j]);
-    for (int u = 0; u < DV; ++u) {
-      const __m512 mv = _mm512_loadu_ps(m + j * D + u * kL);
-      a[u] = _mm512_fmadd_ps(waj, mv, a[u]);
-      b[u] = _mm512_fmadd_ps(wbj, mv, b[u]);
+    const Vec waj = L::set1(wa[j]), wbj = L::set1(wb[j]);
+    for (int u = 0; u < NV; ++u) {
+      const Vec mv = L::loadu(m + j * stride + u * kL);
+      a[u] = L::fmadd(waj, mv, a[u]);
+      b[u] = L::fmadd(wbj, mv, b[u]);
     }
   }
-  for (int u = 0; u < DV; ++u) _mm512_storeu_ps(acc_a + u * kL, a[u]), _mm512_storeu_ps(acc_b + u * kL, b[u]);
+  for (int u = 0; u < NV; ++u) L::store_all(acc_a + u * kL, a[u]), L::store_all(acc_b + u * kL, b[u]);
 }
 
-// M[j, ·] += w_a[j] · x_a + w_b[j] · x_b for j < n (M row-major (n, 16·DV)); x_a, x_b in registers
-template <int DV>
-inline void add_outer2(float* m, const float* wa, const float* wb, const float* xa, const float* xb, int64_t n) {
-  constexpr int64_t D = DV * kL;
-  __m512 ya[DV], yb[DV];
-  for (int u = 0; u < DV; ++u) ya[u] = _mm512_loadu_ps(xa + u * kL), yb[u] = _mm512_loadu_ps(xb + u * kL);
+// M[j, ·] += w_a[j] · x_a + w_b[j] · x_b for j < n (M's rows `stride` floats apart); x_a, x_b in registers
+template <int NV>
+inline void add_outer2(float* m, const float* wa, const float* wb, const float* xa, const float* xb, int64_t n,
+                       int64_t stride) {
+  Vec ya[NV], yb[NV];
+  for (int u = 0; u < NV; ++u) ya[u] = L::loadu(xa + u * kL), yb[u] = L::loadu(xb + u * kL);
   for (int64_t j = 0; j < n; ++j) {
-    const __m512 waj = _mm512_set1_ps(wa[j]), wbj = _mm512_set1_ps(wb[j]);
-    float* r = m + j * D;
-    for (int u = 0; u < DV; ++u)
-      _mm512_storeu_ps(r + u * kL, _mm512_fmadd_ps(wbj, yb[u], _mm512_fmadd_ps(waj, ya[u], _mm512_loadu_ps(r + u * kL))));
+    const Vec waj = L::set1(wa[j]), wbj = L::set1(wb[j]);
+    float* r = m + j * stride;
+    for (int u = 0; u < NV; ++u)
+      L::store_all(r + u * kL, L::fmadd(wbj, yb[u], L::fmadd(waj, ya[u], L::loadu(r + u * kL))));
   }
 }
 
-#define ATTNLAB_BY_DV(F, ...)                            \
-  switch (D / kL) {                                      \
-    case 1: F<1>(__VA_ARGS__); break;                    \
-    case 2: F<2>(__VA_ARGS__); break;                    \
-    case 3: F<3>(__VA_ARGS__); break;                    \
-    case 4: F<4>(__VA_ARGS__); break;                    \
-    case 5: F<5>(__VA_ARGS__); break;                    \
-    case 6: F<6>(__VA_ARGS__); break;                    \
-    case 7: F<7>(__VA_ARGS__); break;                    \
-    default: F<8>(__VA_ARGS__); break;                   \
+// F<n>(args) for n = 1 .. kBlock
+#define ATTNLAB_BY_COUNT(n, F, ...)       \
+  switch (n) {                            \
+    case 1: F<1>(__VA_ARGS__); break;     \
+    case 2: F<2>(__VA_ARGS__); break;     \
+    case 3: F<3>(__VA_ARGS__); break;     \
+    case 4: F<4>(__VA_ARGS__); break;     \
+    case 5: F<5>(__VA_ARGS__); break;     \
+    case 6: F<6>(__VA_ARGS__); break;     \
+    case 7: F<7>(__VA_ARGS__); break;     \
+    default: F<8>(__VA_ARGS__); break;    \
   }
+
+inline int block_at(int v0, int nv) { return std::min(kBlock, nv - v0); }
+
+inline void row_times2(int nv, const float* xa, const float* xb, const float* mt, int64_t D, int64_t Tp, Vec* oa,
+                       Vec* ob) {
+  for (int v0 = 0; v0 < nv; v0 += kBlock)
+    ATTNLAB_BY_COUNT(block_at(v0, nv), row_times2, xa, xb, mt + v0 * kL, D, Tp, oa + v0, ob + v0)
+}
 
 inline void weighted_rows2(const float* wa, const float* wb, const float* m, int64_t n, int64_t D, float* acc_a,
                            float* acc_b) {
-  ATTNLAB_BY_DV(weighted_rows2, wa, wb, m, n, acc_a, acc_b)
+  const int nv = static_cast<int>(D / kL);
+  for (int v0 = 0; v0 < nv; v0 += kBlock)
+    ATTNLAB_BY_COUNT(block_at(v0, nv), weighted_rows2, wa, wb, m + v0 * kL, n, D, acc_a + v0 * kL, acc_b + v0 * kL)
 }
 
 inline void add_outer2(float* m, const float* wa, const float* wb, const float* xa, const float* xb, int64_t n,
                        int64_t D) {
-  ATTNLAB_BY_DV(add_outer2, m, wa, wb, xa, xb, n)
+  const int nv = static_cast<int>(D / kL);
+  for (int v0 = 0; v0 < nv; v0 += kBlock)
+    ATTNLAB_BY_COUNT(block_at(v0, nv), add_outer2, m + v0 * kL, wa, wb, xa + v0 * kL, xb + v0 * kL, n, D)
 }
 
 // One head's matrices in fp32: a row-major copy of T rows and a transposed, zero-padded (D, Tp) copy.
@@ -192,11 +184,8 @@ struct Visible {
   int64_t keys(int64_t i, int64_t len) const { return causal ? std::min(i + 1, len) : len; }
 };
 
-// The lanes of vector u (keys 16u .. 16u + 15) among a row's first n keys
-inline __mmask16 first_keys(int64_t n, int u) {
-  const int64_t m = n - u * kL;
-  return m >= kL ? (__mmask16)0xFFFF : m <= 0 ? (__mmask16)0 : static_cast<__mmask16>((1u << m) - 1);
-}
+// The lanes of vector u (keys kL·u .. kL·u + kL − 1) among a row's first n keys
+inline L::Mask first_keys(int64_t n, int u) { return L::first(n - u * kL); }
 
 inline int vectors_for(int64_t n) { return static_cast<int>(std::max<int64_t>((n + kL - 1) / kL, 1)); }
 
@@ -225,7 +214,7 @@ void check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool c
   TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16, "short attention: fp32 or bf16");
   TORCH_CHECK(q.size(2) >= 1 && q.size(2) <= kMaxT && k.size(2) >= 1 && k.size(2) <= kMaxT,
               "short attention: 1 <= T, S <= ", kMaxT);
-  TORCH_CHECK(q.size(3) % kL == 0 && q.size(3) <= kMaxD, "short attention: Dh a multiple of 16, at most ", kMaxD);
+  TORCH_CHECK(q.size(3) % 16 == 0 && q.size(3) <= kMaxD, "short attention: Dh a multiple of 16, at most ", kMaxD);
 }
 
 std::vector<at::Tensor> short_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -247,7 +236,7 @@ std::vector<at::Tensor> short_attention_forward(const at::Tensor& q, const at::T
     std::vector<float> buf(Tq * D + 2 * Tk * D + D * Tp + 2 * Tp + 2 * D);
     float *qs = buf.data(), *ks = qs + Tq * D, *vs = ks + Tk * D, *kt = vs + Tk * D, *p = kt + D * Tp,
           *orow = p + 2 * Tp;
-    __m512 s[2][kMaxV];
+    Vec s[2][kMaxV];
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / H, h = bh % H, lb = len.of(b);
       qh.load(qs, nullptr, Q, b, h);
@@ -266,22 +255,22 @@ std::vector<at::Tensor> short_attention_forward(const at::Tensor& q, const at::T
             if (row < Tq) lp[bh * Tq + row] = -__builtin_inff();
             continue;
           }
-          __m512 mx = _mm512_set1_ps(-__builtin_inff());
+          const Vec minus_inf = L::set1(-__builtin_inff());
+          Vec mx = minus_inf;
           for (int u = 0; u < nv; ++u) {
-            s[r][u] = _mm512_mask_blend_ps(first_keys(seen, u), _mm512_set1_ps(-__builtin_inff()),
-                                           _mm512_mul_ps(s[r][u], _mm512_set1_ps(scale)));
-            mx = _mm512_max_ps(mx, s[r][u]);
+            s[r][u] = L::select(first_keys(seen, u), L::mul(s[r][u], L::set1(scale)), minus_inf);
+            mx = L::max(mx, s[r][u]);
           }
-          const float m = _mm512_reduce_max_ps(mx);
-          __m512 sum = _mm512_setzero_ps();
+          const float m = L::hmax(mx);
+          Vec sum = L::zero();
           for (int u = 0; u < nv; ++u) {
-            const __m512 e = exp16(_mm512_sub_ps(s[r][u], _mm512_set1_ps(m)));  // hidden keys: e^−∞ = 0
-            _mm512_storeu_ps(pr + u * kL, e);
-            sum = _mm512_add_ps(sum, e);
+            const Vec e = L::vexp(L::sub(s[r][u], L::set1(m)));  // hidden keys: e^−∞ = 0
+            L::store_all(pr + u * kL, e);
+            sum = L::add(sum, e);
           }
-          const float l = _mm512_reduce_add_ps(sum);
-          const __m512 inv = _mm512_set1_ps(1.0f / l);
-          for (int u = 0; u < nv; ++u) _mm512_storeu_ps(pr + u * kL, _mm512_mul_ps(_mm512_loadu_ps(pr + u * kL), inv));
+          const float l = L::hsum(sum);
+          const Vec inv = L::set1(1.0f / l);
+          for (int u = 0; u < nv; ++u) L::store_all(pr + u * kL, L::mul(L::loadu(pr + u * kL), inv));
           if (row < Tq) lp[bh * Tq + row] = m + std::log(l);
         }
         weighted_rows2(p, p + Tp, vs, n, D, orow, orow + D);
@@ -323,7 +312,7 @@ std::vector<at::Tensor> short_attention_backward(const at::Tensor& q, const at::
     float *qs = buf.data(), *gos = qs + Tq * D, *os = gos + Tq * D, *ks = os + Tq * D, *vs = ks + Tk * D,
           *dk = vs + Tk * D, *dv = dk + Tk * D, *kt = dv + Tk * D, *vt = kt + D * Tp, *p = vt + D * Tp,
           *ds = p + 2 * Tp, *dq = ds + 2 * Tp, *di = dq + 2 * D;
-    __m512 s[2][kMaxV], dp[2][kMaxV];
+    Vec s[2][kMaxV], dp[2][kMaxV];
     for (int64_t bk = begin; bk < end; ++bk) {
       const int64_t b = bk / KH, khead = bk % KH, lb = len.of(b);
       kh.load(ks, kt, K, b, khead);
@@ -336,10 +325,9 @@ std::vector<at::Tensor> short_attention_backward(const at::Tensor& q, const at::
         qh.load(gos, nullptr, Gr, b, h);
         qh.load(os, nullptr, O, b, h);
         for (int64_t i = 0; i < Tq; ++i) {  // D_i = do_i · o_i
-          __m512 acc = _mm512_setzero_ps();
-          for (int64_t d = 0; d < D; d += kL)
-            acc = _mm512_fmadd_ps(_mm512_loadu_ps(gos + i * D + d), _mm512_loadu_ps(os + i * D + d), acc);
-          di[i] = _mm512_reduce_add_ps(acc);
+          Vec acc = L::zero();
+          for (int64_t d = 0; d < D; d += kL) acc = L::fmadd(L::loadu(gos + i * D + d), L::loadu(os + i * D + d), acc);
+          di[i] = L::hsum(acc);
         }
         for (int64_t i = 0; i < Tq; i += 2) {
           const int64_t ib = std::min(i + 1, Tq - 1);
@@ -355,13 +343,11 @@ std::vector<at::Tensor> short_attention_backward(const at::Tensor& q, const at::
               std::fill(dsr, dsr + nv * kL, 0.0f);
               continue;
             }
-            const __m512 l = _mm512_set1_ps(lp[bh * Tq + row]), d_r = _mm512_set1_ps(di[row]);
+            const Vec l = L::set1(lp[bh * Tq + row]), d_r = L::set1(di[row]), sc = L::set1(scale);
             for (int u = 0; u < nv; ++u) {
-              const __m512 e = _mm512_maskz_mov_ps(
-                  first_keys(seen, u), exp16(_mm512_sub_ps(_mm512_mul_ps(s[r][u], _mm512_set1_ps(scale)), l)));
-              _mm512_storeu_ps(pr + u * kL, e);
-              _mm512_storeu_ps(dsr + u * kL, _mm512_mul_ps(_mm512_mul_ps(e, _mm512_sub_ps(dp[r][u], d_r)),
-                                                           _mm512_set1_ps(scale)));
+              const Vec e = L::keep(first_keys(seen, u), L::vexp(L::sub(L::mul(s[r][u], sc), l)));
+              L::store_all(pr + u * kL, e);
+              L::store_all(dsr + u * kL, L::mul(L::mul(e, L::sub(dp[r][u], d_r)), sc));
             }
           }
           weighted_rows2(ds, ds + Tp, ks, n, D, dq, dq + D);                         // dq_i = scale Σ_j ds_ij k_j

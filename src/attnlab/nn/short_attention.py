@@ -21,11 +21,12 @@ and gradients, fp32 and bf16).
 Used by nn/attention.py's scaled_dot_product_attention where `plan` finds it applies: no dropout,
 key/value heads dividing the query heads (GQA), a mask of the forms above or none, CPU fp32/bf16
 inputs that autograd records (a training step; inference keeps SDPA and the decode kernels, whose
-bits it would otherwise change), the C++ extension built for AVX512 (`INSTRUCTION_SETS`), not under
-torch.compile. bench/train_step.py times the steps with it and without (its candidates bf16_sdpa and
-fused_sdpa). On a CPU with AVX2 only, the extension's 16-lane vectors are emulated by SIMDe as pairs
-of 8-lane ones (nn/simd_compat.h) and the kernel lost to SDPA (AMD EPYC Zen 3, bench/results/
-train_step_amd_epyc_zen3.json: shakespeare-char 0.79x, multi30k-en-de 0.95x), so there SDPA runs.
+bits it would otherwise change), the C++ extension loaded (either build), not under torch.compile.
+bench/train_step.py times the steps with it and without (its candidates bf16_sdpa and fused_sdpa).
+The kernel is written on nn/lanes.h's vectors: 16 lanes with AVX512, 8 native ones in the AVX2 build
+(CPUs such as AMD EPYC Zen 3). Through SIMDe's emulated 16-lane vectors it had lost to SDPA there
+(bench/results/train_step_amd_epyc_zen3.json: shakespeare-char 0.79x, multi30k-en-de 0.95x), so
+SDPA ran on AVX2 until it had its own 8-lane form.
 
 Source: Vaswani et al. 2017, §3.2.1 (equation 1); Dao et al. 2022, "FlashAttention", §3.1 and
 Algorithm 2 (the backward pass from the saved log-sum-exp); Ainslie et al. 2023 (grouped-query).
@@ -42,7 +43,6 @@ from attnlab.nn import quant_kernel  # the one C++ extension, built at first use
 MAX_LENGTH = 128    # T and S up to which the kernel runs (a row of scores stays in 8 vectors)
 MAX_HEAD_DIM = 128  # Dh up to which it runs (a multiple of 16)
 DTYPES = (torch.float32, torch.bfloat16)
-INSTRUCTION_SETS = ("avx512",)  # builds of the extension (quant_kernel.built_for) where `plan` uses the kernel
 
 
 class _ShortAttention(torch.autograd.Function):
@@ -105,7 +105,7 @@ def plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor |
     flags); None where the kernel does not apply (module doc)."""
     if not (dropout == 0.0 and torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
             and q.device.type == "cpu" and all(x.dtype in DTYPES for x in (q, k, v)) and _shapes_fit(q, k, v)
-            and not torch.compiler.is_compiling() and quant_kernel.built_for() in INSTRUCTION_SETS):
+            and not torch.compiler.is_compiling() and quant_kernel.built_for() is not None):
         return None
     if is_causal:
         return (None, True) if mask is None and q.shape[2] == k.shape[2] else None
