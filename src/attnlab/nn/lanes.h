@@ -212,6 +212,17 @@ __attribute__((always_inline)) inline Vec vexp(Vec x) {
   u = fmadd(u, s, set1(0x1.555556p-3f));
   u = fmadd(u, s, set1(0.5f));
   u = add(fmadd(mul(s, s), u, s), ones());
+#if !defined(__AVX512F__)
+  // Every lane in [−87, 88] (q in [−126, 127]): 2^q is a normal float, so u · 2^q in one multiply
+  // rounds once to the same value as scalef8's two factors, and no lane needs the limits below.
+  // AVX2 has no one-instruction scalef; this skips its emulation and the two blends (the scan's decays
+  // exp(Δ A) are always here).
+  if (_mm256_movemask_ps(_mm256_and_ps(_mm256_cmp_ps(x, set1(-87.0f), _CMP_GE_OQ),
+                                       _mm256_cmp_ps(x, set1(88.0f), _CMP_LE_OQ))) == 0xFF) {
+    const __m256i q = _mm256_cvtps_epi32(qf);
+    return mul(u, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(q, _mm256_set1_epi32(127)), 23)));
+  }
+#endif
   u = scalef(u, qf);  // u · 2^q
   u = where_lt(x, -104.0f, u, zero());
   return where_gt(x, 100.0f, u, set1(__builtin_inff()));
