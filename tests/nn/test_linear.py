@@ -105,3 +105,18 @@ def test_max_fast_rows_zero_turns_the_fast_path_off(monkeypatch, spies):
 def test_the_form_is_the_machines_rule_and_the_same_at_every_call():
     assert linear_mod.form() == linear_mod.form() == cpu_tuning.linear_form(kernel() == "cpp")
     assert linear_mod.form(grad=True) == cpu_tuning.linear_form(False) != "cpp"
+
+
+@pytest.mark.skipif(kernel() != "cpp", reason="the C++ kernel is not available here")
+@pytest.mark.parametrize("in_features", [24, 100, 576, 1536])  # a masked tail; under and over the one-row form's 768
+def test_the_cpp_products_rows_get_the_bits_they_get_alone(in_features):
+    """decode_matvec.h's fp32 product takes 1-3 rows in 4 × 3 register tiles and, in the AVX2 build,
+    4-8 rows of up to 768 features one weight row at a time: every form adds each output's products
+    in the same order, so a row of a batch has the bits it has alone (the batched decoding contract);
+    37 output rows: tiles of 4 and a rest of 1."""
+    torch.manual_seed(0)
+    w, x = torch.randn(37, in_features), torch.randn(16, in_features)
+    alone = torch.cat([torch.ops.attnlab_quant.linear_f32(x[r:r + 1], w) for r in range(16)])
+    torch.testing.assert_close(alone, x @ w.T, rtol=1e-5, atol=1e-5 * in_features ** 0.5)
+    for rows in range(2, 17):
+        assert torch.equal(torch.ops.attnlab_quant.linear_f32(x[:rows], w), alone[:rows]), rows

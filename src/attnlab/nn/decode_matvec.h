@@ -170,9 +170,10 @@ struct Group {  // parts of one input, outputs concatenated
 
 // y[r][o .. o+M) = W[o .. o+M) x[r] for N rows r0 .. r0+N of x (ldx floats apart) and fp32 W (O, I)
 // row-major; each output is the sum of one kLanes-lane accumulator (lanes.h: 16 with AVX512, 8 with
-// AVX2), the same whatever N (so a row of a batch gets the bits it gets alone); the last partial
-// vector of a row masked.
-template <int M, int N>
+// AVX2) over k in order, then across its lanes: the same whatever M and N (so a row of a batch gets the
+// bits it gets alone, and every form below the same bits); the last partial vector of a row masked.
+// PREFETCH > 0: the weights that many bytes ahead are prefetched as the tile goes.
+template <int M, int N, int64_t PREFETCH = 0>
 inline void f32_tile(const float* w, int64_t in, const float* x, int64_t ldx, int64_t o, int64_t r0, float* y,
                      int64_t ldy) {
   using namespace attnlab_lanes;
@@ -183,6 +184,9 @@ inline void f32_tile(const float* w, int64_t in, const float* x, int64_t ldx, in
   for (; k + kLanes <= in; k += kLanes) {
     Vec wv[M];
     for (int i = 0; i < M; ++i) wv[i] = loadu(w + (o + i) * in + k);
+    if constexpr (PREFETCH > 0)  // the weights PREFETCH bytes on, one request per 64-byte line
+      if (k % 16 == 0)
+        for (int i = 0; i < M; ++i) _mm_prefetch((const char*)(w + (o + i) * in + k) + PREFETCH, _MM_HINT_T0);
     for (int j = 0; j < N; ++j) {
       const Vec xv = loadu(x + (r0 + j) * ldx + k);
       for (int i = 0; i < M; ++i) acc[i][j] = fmadd(wv[i], xv, acc[i][j]);
@@ -205,8 +209,38 @@ inline void f32_tile(const float* w, int64_t in, const float* x, int64_t ldx, in
 // 3 with AVX2's 16 (a 4 × 3 tile's 12 accumulators and 4 weight vectors fill them; 4 × 4 spilled)
 constexpr int kF32Rows = attnlab_lanes::kLanes == 16 ? 4 : 3;
 
+// AVX2, 4 to 8 rows of x of at most kF32OneRowIn floats (their bytes stay in L1 beside the weights):
+// one weight row at a time against all of them (f32_tile<1, R>), its weights prefetched kF32Prefetch
+// bytes ahead, so each weight is read from memory once while the products of every row run. The
+// 4 × 3 tiles read a tile's weights from memory in their first pass and from L1 in the others, and
+// no memory was read while those ran. On AMD EPYC Zen 3 (bench/inference.py's batched fp32 decoding,
+// README) B = 8 went from ~4x to ~5x B = 1's tokens/s; in a timing of the product alone on SmolLM2's
+// shapes (2 threads, weights from memory, same bits): I = 576 (q|k|v, o, gate|up, the head), R = 4
+// and 8, 1.26-1.55x; I = 1536 (down), R = 8, 0.87-0.93x (x no longer in L1: kept on the tiles); R = 16
+// (two passes over x) 0.93-0.99x; without the prefetch 1.19-1.30x. The AVX512 build (32 registers,
+// 4 × 4 tiles) keeps its tiles: not measured there.
+constexpr int64_t kF32OneRowIn = 768;
+constexpr int64_t kF32Prefetch = 2048;
+constexpr bool kF32OneRow = attnlab_lanes::kLanes == 8;
+
+inline bool f32_one_row(int64_t in, int64_t rows) {
+  return kF32OneRow && rows >= 4 && rows <= 8 && in <= kF32OneRowIn;
+}
+
 template <int M>
 inline void f32_rows(const float* w, int64_t in, const float* x, int64_t rows, int64_t o, float* y, int64_t ldy) {
+  if (f32_one_row(in, rows)) {
+    for (int i = 0; i < M; ++i) {
+      switch (rows) {
+        case 8: f32_tile<1, 8, kF32Prefetch>(w, in, x, in, o + i, 0, y, ldy); break;
+        case 7: f32_tile<1, 7, kF32Prefetch>(w, in, x, in, o + i, 0, y, ldy); break;
+        case 6: f32_tile<1, 6, kF32Prefetch>(w, in, x, in, o + i, 0, y, ldy); break;
+        case 5: f32_tile<1, 5, kF32Prefetch>(w, in, x, in, o + i, 0, y, ldy); break;
+        default: f32_tile<1, 4, kF32Prefetch>(w, in, x, in, o + i, 0, y, ldy); break;
+      }
+    }
+    return;
+  }
   int64_t r = 0;
   for (; r + kF32Rows <= rows; r += kF32Rows) f32_tile<M, kF32Rows>(w, in, x, in, o, r, y, ldy);
   switch (rows - r) {
