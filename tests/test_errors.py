@@ -9,6 +9,7 @@ import pytest
 from attnlab.cli import build_parser, error_line, main
 from attnlab.cli.args import flags_of
 from attnlab.errors import NonFiniteError, UnknownName, UserError, naming
+from attnlab import load as load_module
 from attnlab.load import load_model
 from attnlab.tasks.registry import evaluate_run
 from attnlab.train.run_dir import check_out_dir
@@ -76,3 +77,18 @@ def test_a_bug_prints_its_traceback_and_bad_input_one_line():
     bad = subprocess.run([sys.executable, "-m", "attnlab", "generate", "--model", "/no/such/model", "--prompt", "a"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_bf16_weights_on_a_cpu_without_native_bf16_say_they_are_slow(tiny_shakespeare, tmp_path, capsys, monkeypatch,
+                                                                       native):
+    """--dtype bf16 where the CPU has no bf16 products ran at ~1 tok/s with no word (a new user's report):
+    load_model says so in one stderr line, and only there."""
+    monkeypatch.setattr(load_module, "native_bf16", lambda: native)
+    with bigram_family():
+        out = trained_bigram(tmp_path, steps=2)
+        capsys.readouterr()
+        load_model(str(out), "bf16")
+        load_model(str(out), "fp32")
+    err = capsys.readouterr().err
+    assert ("without native bf16 products" in err) is not native and err.count("bf16 products") <= 1

@@ -6,7 +6,10 @@ which family reads a path, and what it can do, the task registry says (tasks/reg
 """
 from __future__ import annotations
 
+import sys
+
 from attnlab.errors import UserError
+from attnlab.nn.cpu_tuning import native_bf16
 from attnlab.nn.quant import SCHEMES
 from attnlab.nn.quant_linear import check_dtype, set_dtype
 from attnlab.pretrained import resolve
@@ -49,7 +52,8 @@ def load_model(name_or_path: str, dtype: str = "auto") -> LoadedModel:
     PEFT LoRA adapter directory (its adapters merged into the base it names) or one of our run
     directories (a fine-tune's: its base with its adapters), at `dtype` (nn.quant_linear.DTYPES): "auto" = as stored (a GGUF file's
     Q8_0 / Q4_0 / Q4_1 matrices stay quantized; everything else fp32), "fp32" (GGUF dequantized: the
-    reference), "bf16", or a block quantization "q8_0" / "q4_0" / "q4_1" (quantizable families).
+    reference), "bf16" (where the CPU has no native bf16 products, one line on stderr says it is slow
+    there), or a block quantization "q8_0" / "q4_0" / "q4_1" (quantizable families).
 
     Raises:
         FileNotFoundError, UserError: naming what is missing or unsupported (a dtype we do not
@@ -58,6 +62,9 @@ def load_model(name_or_path: str, dtype: str = "auto") -> LoadedModel:
     check_dtype(dtype)
     path = resolve(name_or_path)
     task = task_of_path(path)
+    if dtype == "bf16" and not native_bf16():
+        print("attnlab: dtype bf16 on a CPU without native bf16 products (AVX512-BF16 or AMX): PyTorch "
+              "emulates them, many times slower than fp32 or q8_0 here", file=sys.stderr)
     if path.is_file():
         return task.load_gguf(path, dtype)
     return at_dtype(task.load(path) if is_run_dir(path) else task.load_hf(path), dtype)

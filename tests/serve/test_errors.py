@@ -51,8 +51,9 @@ def test_malformed_json_wrong_types_and_missing_fields_are_400_naming_the_field(
     bad_content = {"model": server.model, "messages": [{"role": "user", "content": 5}]}
     check_error(http.post("/v1/chat/completions", json=bad_content), 400, "'messages[0].content'")
     check_error(http.post("/v1/completions", json={"model": server.model, "prompt": 3}), 400, "'prompt'")
-    check_error(http.post("/v1/completions", json={"model": server.model, "prompt": [1, 10 ** 6]}), 400,
-                "outside the vocabulary")
+    e = check_error(http.post("/v1/completions", json={"model": server.model, "prompt": [1, 10 ** 6]}), 400,
+                    "outside the vocabulary", param="prompt")
+    assert e["code"] == "invalid_value"  # every 400 names its code (it was null for this one)
 
 
 def test_values_out_of_range_are_400(http, server):

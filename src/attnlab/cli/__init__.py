@@ -51,7 +51,9 @@ def error_line(error: BaseException, flags: dict[str, tuple[str, bool]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run the `attnlab` command line on `argv` (default: sys.argv[1:]); returns the exit code."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    # our progress lines at INFO; other libraries' (gguf's "Writing the following files", ...) only from WARNING
+    logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
+    logging.getLogger("attnlab").setLevel(logging.INFO)
     try:
         args.func(args)
     except KeyboardInterrupt:

@@ -145,7 +145,8 @@ def dtype_arg(p) -> None:
     """--dtype on a command that loads a language model."""
     p.add_argument("--dtype", choices=DTYPES, default="auto",
                    help="weights in memory: auto (as stored: a GGUF file's Q8_0/Q4_0/Q4_1 stay quantized, "
-                   "else fp32), fp32 (GGUF dequantized; the reference), bf16, or a block quantization "
+                   "else fp32), fp32 (GGUF dequantized; the reference), bf16 (slow on CPUs without AVX512-BF16 or AMX), "
+                   "or a block quantization "
                    "q8_0 / q4_0 / q4_1 (int8 kernels; GPT-family models)")
 
 

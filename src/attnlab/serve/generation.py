@@ -51,7 +51,7 @@ class LanguageModel:
         try:
             ids = chat_prompt(self.loaded, messages)
         except UserError as e:
-            raise bad_request(str(e), param="messages") from None
+            raise bad_request(str(e), param="messages", code="invalid_value") from None
         return self._generation(ids, req, req.token_limit(), self.chat_stops, "messages")
 
     def completion(self, req) -> Generation:
@@ -61,13 +61,13 @@ class LanguageModel:
             bad = [t for t in req.prompt if not 0 <= t < self.vocab_size]
             if bad:
                 raise bad_request(f"'prompt' has token id {bad[0]} outside the vocabulary (0 .. "
-                                  f"{self.vocab_size - 1})", param="prompt")
+                                  f"{self.vocab_size - 1})", param="prompt", code="invalid_value")
             ids = list(req.prompt)
         return self._generation(ids, req, req.token_limit(), self.text_stops, "prompt")
 
     def _generation(self, ids: list[int], req, max_tokens: int | None, stops: frozenset, field: str) -> Generation:
         if not ids:
-            raise bad_request(f"'{field}' is empty: no token to continue", param=field)
+            raise bad_request(f"'{field}' is empty: no token to continue", param=field, code="invalid_value")
         room = self.max_len - len(ids)
         if room < 1 or (max_tokens is not None and max_tokens > room):
             asked = f"; you asked for {len(ids) + max_tokens} ({len(ids)} in the {field}, {max_tokens} in the " \
@@ -100,7 +100,8 @@ class TextRun:
         try:
             lm.scheduler.submit(self.seq)
         except QueueFull as e:
-            raise APIError(429, f"the server is busy ({lm.scheduler.max_queue} requests wait already); "
+            waiting = lm.scheduler.max_queue
+            raise APIError(429, f"the server is busy ({waiting} request{'s' if waiting != 1 else ''} already waiting); "
                            f"retry in {e.retry_after} s", code="queue_full",
                            headers={"Retry-After": str(e.retry_after)}) from None
         except RuntimeError:

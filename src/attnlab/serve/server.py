@@ -106,10 +106,12 @@ def describe(state: ServerState, url: str) -> str:
     if state.lm is not None:
         e = state.lm.scheduler.engine
         cache = f", {e.kv_dtype} KV cache" if getattr(e, "kv_dtype", None) else ""  # the fused engine's choice
-        parts.append(f"{state.lm.name} (engine {e.name}, {e.max_batch} slots x {e.max_len} positions{cache})")
+        slots = f"{e.max_batch} slot{'s' if e.max_batch != 1 else ''}"
+        parts.append(f"{state.lm.name} (engine {e.name}, {slots} x {e.max_len} positions{cache})")
     if state.embedder is not None:
         parts.append(f"embeddings {state.embed_name}")
-    return f"attnlab serve: listening on {url} serving {'; '.join(parts)} ({torch.get_num_threads()} threads)"
+    threads = torch.get_num_threads()
+    return f"attnlab serve: listening on {url} serving {'; '.join(parts)}; {threads} thread{'s' if threads != 1 else ''}"
 
 
 def serve(cfg: ServeConfig) -> None:
