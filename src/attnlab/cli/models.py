@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import sys
 
+import torch
+
 from attnlab.chat import Chat
 from attnlab.cli.args import (beam, check_text, nonnegative_float, positive_int, probability, seed, stdin_lines,
                               texts)
@@ -47,6 +49,7 @@ def cmd_translate(args) -> None:
 
 
 def cmd_generate(args) -> None:
+    use_threads(args)
     prompts = [check_text(p, f"--prompt {i + 1}") for i, p in enumerate(args.prompt)]
     if any(p == "" for p in prompts):
         raise UserError("--prompt is empty; give some text to continue")
@@ -89,6 +92,7 @@ def cmd_generate(args) -> None:
 
 
 def cmd_chat(args) -> None:
+    use_threads(args)
     chat = Chat(load_causal_lm(args.model, args.dtype), args.system, max_new_tokens=args.max_new_tokens,
                 temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     interactive = sys.stdin.isatty()
@@ -141,6 +145,18 @@ def engine_args(p) -> None:
                    "fp32, fp16")
 
 
+def threads_arg(p) -> None:
+    """--threads on a command that decodes (generate, chat, serve); use_threads applies it."""
+    p.add_argument("--threads", type=positive_int, help="torch threads (default: torch's, all cores; on a machine "
+                   "other work keeps busy, fewer run faster: threads that wait for each other at every step lose "
+                   "their turn to the other processes)")
+
+
+def use_threads(args) -> None:
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+
+
 def dtype_arg(p) -> None:
     """--dtype on a command that loads a language model."""
     p.add_argument("--dtype", choices=DTYPES, default="auto",
@@ -183,6 +199,7 @@ def add_model_parsers(sub) -> None:
                    "(timed in the process, loading left out, as llama.cpp's CLI prints them)")
     engine_args(g)
     dtype_arg(g)
+    threads_arg(g)
     g.set_defaults(func=cmd_generate)
 
     c = sub.add_parser("chat", help="multi-turn chat with an instruction-tuned model and its chat template "
@@ -192,6 +209,7 @@ def add_model_parsers(sub) -> None:
     c.add_argument("--system", help="a system message")
     _sampling_args(c, 0.0, default_new=256)
     dtype_arg(c)
+    threads_arg(c)
     c.set_defaults(func=cmd_chat)
 
     e = sub.add_parser("embed", help="sentence embeddings (mean-pooled, normalised) as a JSON list of lists")

@@ -8,10 +8,8 @@ from __future__ import annotations
 import argparse
 import os
 
-import torch
-
 from attnlab.cli.args import nonnegative_float, positive_int
-from attnlab.cli.models import engine_args
+from attnlab.cli.models import engine_args, threads_arg, use_threads
 from attnlab.errors import UserError
 from attnlab.nn.quant_linear import DTYPES
 
@@ -35,8 +33,7 @@ def port(text: str) -> int:
 def cmd_serve(args) -> None:
     if serve is None:
         raise UserError(f"attnlab serve needs the serve extra ({MISSING} is missing): pip install 'attnlab[serve]'")
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    use_threads(args)
     serve(ServeConfig(model=args.model, dtype=args.dtype, embed_model=args.embed_model, host=args.host,
                       port=args.port, max_batch=args.max_batch, max_queue=args.max_queue, ctx_size=args.ctx_size,
                       engine=args.engine, kv_dtype=args.kv_dtype,
@@ -60,7 +57,7 @@ def add_serve_parser(sub) -> None:
     engine_args(s)
     s.add_argument("--api-key", help="require `Authorization: Bearer KEY` on /v1 routes (default: "
                    "$ATTNLAB_API_KEY, else no key)")
-    s.add_argument("--threads", type=positive_int, help="torch threads (default: torch's, all cores)")
+    threads_arg(s)
     s.add_argument("--drain-seconds", type=nonnegative_float, default=30.0, help="on SIGTERM, how long "
                    "requests in flight may finish before they are cut (default 30)")
     s.set_defaults(func=cmd_serve)
