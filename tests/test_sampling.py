@@ -166,3 +166,25 @@ def test_sample_next_with_a_tiny_top_p_is_greedy(dtype):
     for top_p in (1e-46, 1e-9):
         g = torch.Generator().manual_seed(0)
         assert sample_next(logits, temperature=1.0, top_p=top_p, generator=g).tolist() == [0, 2]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [1e-40, 1e-300, 5e-324])
+def test_a_tiny_temperature_is_greedy_not_nan(dtype, temperature):
+    """`generate --temperature 1e-300` (and 1e-38) raised "probability tensor contains either inf, nan
+    or element < 0": logits / T overflowed float32 (1e-300 is 0 there). T → 0 is greedy: the argmax."""
+    logits = torch.stack([ISSUE_PROBS.log() * 900, ISSUE_PROBS.log()[[3, 2, 0, 1]] * 900]).to(dtype)  # (2, 4)
+    for top_k, top_p in ((None, None), (2, None), (None, 0.9)):
+        g = torch.Generator().manual_seed(0)
+        assert sample_next(logits, temperature, top_k, top_p, generator=g).tolist() == [0, 2]
+
+
+def test_an_ordinary_temperature_scales_the_logits_as_before():
+    """The overflow path is taken only on overflow: at T = 0.7 the draw is the same as from
+    softmax(logits / 0.7) (seeded), so a seed gives the tokens it gave before."""
+    torch.manual_seed(0)
+    logits = torch.randn(3, 50) * 4
+    for seed in range(5):
+        got = sample_next(logits, 0.7, generator=torch.Generator().manual_seed(seed))
+        want = torch.multinomial((logits / 0.7).softmax(-1), 1, generator=torch.Generator().manual_seed(seed))
+        assert got.tolist() == want.squeeze(-1).tolist()

@@ -58,7 +58,11 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
     """Pick the next token of each row.
 
     temperature 0 is greedy (argmax); otherwise logits / temperature are filtered by top-k then
-    top-p and one token is drawn from the softmax with `generator` (seeded = reproducible).
+    top-p and one token is drawn from the softmax with `generator` (seeded = reproducible). A
+    temperature so small that logits / temperature overflows float32 (below ~1e-35 for logits of
+    ~1e3; 1e-300 is 0 in float32) divides the gaps to each row's largest logit instead, with the
+    temperature at least float32's smallest normal: the largest gets 0, the others −inf or far
+    below, so the draw is the argmax (a uniform draw among tied maxima), T → 0's limit, not NaN.
 
     Args:
         logits: (B, V) next-token logits.
@@ -70,7 +74,11 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
     check_sampling(temperature, top_k, top_p)
     if temperature == 0:
         return logits.argmax(dim=-1)
-    logits = logits.float() / temperature
+    scaled = logits.float() / temperature  # (B, V)
+    if not bool(torch.isfinite(scaled.amax(dim=-1)).all()):  # overflow (or a temperature that is 0 in float32)
+        gaps = logits.float() - logits.float().amax(dim=-1, keepdim=True)  # (B, V), <= 0
+        scaled = gaps / max(temperature, torch.finfo(torch.float32).tiny)
+    logits = scaled
     if top_k is not None:
         logits = top_k_filter(logits, top_k)
     if top_p is not None and top_p < 1:

@@ -8,6 +8,7 @@ gguf.GGUFWriter, Q/K rows permuted as llama.cpp's convert_hf_to_gguf.py does.
 from __future__ import annotations
 
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -261,6 +262,27 @@ def test_missing_and_misshaped_tensors(tmp_path):
     with pytest.raises(ValueError, match=r"missing blk\.1\.ffn_down\.weight \(64, 96\).*"
                                          r"blk\.0\.attn_v\.weight has shape \(64, 32\), expected \(32, 64\)"):
         load_gguf(tmp_path / "m.gguf")
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "auto", "q8_0"])
+@pytest.mark.parametrize("where", ["a norm", "a block scale"])
+def test_non_finite_weights_are_refused_naming_the_tensor(tmp_path, dtype, where):
+    """A GGUF file with NaN in a norm weight, or in the fp16 scale of one Q8_0 block, loaded silently
+    and generated garbage (a tester's damaged copy of SmolLM2); it is named as damaged instead."""
+    model = tiny_model(False)
+    if where == "a norm":
+        norm = model.state_dict()["layers.0.attn_norm.weight"].numpy().copy()
+        norm[3] = np.nan
+        write_gguf(tmp_path / "nan.gguf", model, replace={"blk.0.attn_norm.weight": norm})
+        name = "blk.0.attn_norm.weight"
+    else:
+        down = model.state_dict()["layers.1.ffn.down_proj.weight"].numpy()
+        raw = gguf.quants.quantize(down, Q.Q8_0)  # (rows, blocks · 34) bytes: each block's fp16 d first
+        raw[2, 34:36] = np.frombuffer(np.float16(np.nan).tobytes(), np.uint8)
+        write_gguf(tmp_path / "nan.gguf", model, blocks={"blk.1.ffn_down.weight": (raw, Q.Q8_0)})
+        name = "blk.1.ffn_down.weight"
+    with pytest.raises(ValueError, match=rf"nan\.gguf: tensor '{re.escape(name)}' holds \d+ non-finite values"):
+        load_gguf(tmp_path / "nan.gguf", dtype)
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "auto"])

@@ -10,7 +10,7 @@ import pytest
 
 httpx = pytest.importorskip("httpx")
 
-from tests.serve.conftest import CTX, wait_until  # noqa: E402
+from tests.serve.conftest import CTX, has_minilm, wait_until  # noqa: E402
 
 MSG = [{"role": "user", "content": "Hi"}]
 
@@ -136,3 +136,22 @@ def test_metrics_speak_prometheus(http, server):
                  "attnlab_inter_token_latency_seconds_bucket", "attnlab_prompt_tokens_total"):
         assert name in text.text, name
     assert 'attnlab_requests_total{route="/v1/completions",status="200"}' in text.text
+
+
+def test_fields_that_would_be_ignored_are_refused(http, server):
+    """A tester's best_of 2, dimensions 3 and a 5,000-token embedding input were answered 200 as if
+    asked for nothing (n=1, 384 values, the input cut to 256 tokens): each is now a 400 naming it."""
+    body = {"model": server.model, "prompt": "x", "best_of": 2}
+    check_error(http.post("/v1/completions", json=body), 400, "'best_of'", param="best_of")
+    if not has_minilm():
+        return
+    base = {"model": "all-minilm-l6-v2", "input": "A dog runs."}
+    e = check_error(http.post("/v1/embeddings", json={**base, "dimensions": 3}), 400, "'dimensions' must be 384",
+                    param="dimensions")
+    assert e["code"] == "invalid_value"
+    assert http.post("/v1/embeddings", json={**base, "dimensions": 384}).status_code == 200
+    e = check_error(http.post("/v1/embeddings", json={**base, "input": ["ok", "word " * 5000]}), 400,
+                    "'input[1]' has", "this model's context is", param="input")
+    assert e["code"] == "context_length_exceeded"
+    check_error(http.post("/v1/embeddings", json={**base, "input": ["a", ""]}), 400,
+                "'input' must not hold an empty string", param="input")

@@ -117,8 +117,10 @@ def exit_code(argv) -> int:
         return e.code
 
 
-def test_bad_flags_and_missing_models_exit_2_in_one_line(capsys, tmp_path):
+def test_bad_flags_and_missing_models_exit_2_in_one_line(capsys, tmp_path, tiny_gguf):
     for argv, words in ((["serve", "--model", str(tmp_path / "none.gguf")], "neither a model name"),
+                        (["serve", "--model", str(tiny_gguf), "--ctx-size", "40000"],  # it said max_len=40000
+                         "--ctx-size 40000 is past the model's context of 32768 positions"),
                         (["serve"], "serve needs a language model (--model NAME) or an encoder (--embed-model NAME)"),
                         (["serve", "--model", "x", "--port", "70000"], "--port"),
                         (["serve", "--model", "x", "--max-batch", "0"], "--max-batch")):

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from attnlab import sampling
 from attnlab.engines.base import DecodeEngine
 from attnlab.errors import UserError
 from attnlab.serve.server import require_servable
@@ -263,3 +264,32 @@ def test_the_server_runs_only_what_the_registry_marks_servable():
     loaded = SimpleNamespace(task=SimpleNamespace(servable=False), model_type="bigram")
     with pytest.raises(UserError, match="bigram model, which attnlab serve does not run"):
         require_servable(loaded, "runs/bigram")
+
+
+def test_a_request_whose_sampling_fails_ends_alone(monkeypatch):
+    """A client's sampling that raised (a temperature of 1e-40 once made NaN probabilities) ended every
+    request in flight with an error; now only its own."""
+    real = sampling.sample_next
+
+    def sample_next(logits, temperature, top_k, top_p, generator):
+        if top_k == 7:  # the poisoned request
+            raise RuntimeError("probability tensor contains either inf, nan or element < 0")
+        return real(logits, temperature, top_k, top_p, generator)
+
+    monkeypatch.setattr(sampling, "sample_next", sample_next)
+    sched = Scheduler(ToyEngine())
+    running, r_sink = request([1], 10)
+    sched.submit(running)
+    sched.run_once()
+    for admitted_first in (True, False):  # its first token (after prefill) or a later step
+        sink = Sink()
+        seq = Sequence([2], SamplingParams(max_tokens=5, temperature=0.5, top_k=7 if admitted_first else 8), sink)
+        sched.submit(seq)
+        sched.run_once()
+        if not admitted_first:
+            seq.params = SamplingParams(max_tokens=5, temperature=0.5, top_k=7)
+            sched.run_once()
+        assert sink.end[0] == "error" and r_sink.end is None
+    while r_sink.end is None:
+        sched.run_once()
+    assert r_sink.tokens == alone([1], 10).tokens and sched.free == [0, 1, 2, 3]

@@ -189,6 +189,14 @@ def _quantized(tensor, g: str, scheme: str, shape, n_heads: int | None) -> Quant
     return QuantWeight(scheme, qw.qs[rows], qw.d[rows], None if qw.m is None else qw.m[rows])
 
 
+def _check_finite(name: str, *values) -> None:
+    """Raise ValueError naming GGUF tensor `name` when its values (numpy arrays or tensors: float
+    data, or a block format's scales) hold NaN or ±inf: a damaged file (nothing non-finite loads)."""
+    bad = sum(int((~np.isfinite(np.asarray(v, dtype=np.float32))).sum()) for v in values if v is not None)
+    if bad:
+        raise ValueError(f"tensor {name!r} holds {bad} non-finite values (the file is damaged)")
+
+
 def _load_weights(reader, model: GPT, tied: bool, dtype: str) -> None:
     """Check names and shapes, then fill `model`: float tensors dequantized into our names and
     layout; at a quantized dtype the weight matrices as QuantLinear / QuantEmbedding modules."""
@@ -203,9 +211,12 @@ def _load_weights(reader, model: GPT, tied: bool, dtype: str) -> None:
         heads = cfg.n_heads if ".attn_q." in g else cfg.kv_heads if ".attn_k." in g else None
         scheme = _target(t, dtype)
         if scheme is not None:
-            quantized[ours] = prepare(_quantized(t, g, scheme, own[ours].shape, heads))  # the kernel's layout, once
+            qw = _quantized(t, g, scheme, own[ours].shape, heads)
+            _check_finite(g, qw.d, qw.m)
+            quantized[ours] = prepare(qw)  # the kernel's layout, once
             continue
         w = dequantize(t.data, t.tensor_type, own[ours].shape, g)
+        _check_finite(g, w)
         state[ours] = torch.from_numpy(w if heads is None else unpermute_qk(w, heads))
     if tied:
         if "embed_tokens.weight" in quantized:
@@ -237,7 +248,7 @@ def load_gguf(path, dtype: str = "fp32") -> tuple[GPT, ByteLevelBPE, dict[str, A
             is malformed, its architecture or a hyper-parameter is unsupported (named), dtype is
             not one of nn.quant_linear.DTYPES (named), its
             tokenizer is not byte-level BPE, or tensors are missing, unexpected or mis-shaped
-            (listed with their shapes), or use an unsupported type.
+            (listed with their shapes), use an unsupported type, or hold NaN / ±inf (named).
         ImportError: the `gguf` package is not installed (`pip install 'attnlab[hf]'`).
     """
     path = Path(path)

@@ -127,7 +127,16 @@ def _v1(state: ServerState) -> APIRouter:
             raise _unknown_model(req.model, state)
         tokenizer = state.embedder.tokenizer
         limit = state.embedder.max_seq_len or 512
-        tokens = sum(min(len(e.ids), limit) for e in tokenizer.encode_batch(req.input))
+        encoded = tokenizer.encode_batch(req.input)
+        too_long = next((i for i, e in enumerate(encoded) if len(e.ids) > limit), None)
+        if too_long is not None:  # OpenAI's answer (attnlab embed truncates, with a warning)
+            raise APIError(400, f"'input[{too_long}]' has {len(encoded[too_long].ids)} tokens; this model's context "
+                           f"is {limit} tokens", param="input", code="context_length_exceeded")
+        width = state.embedder.model.cfg.d_model
+        if req.dimensions is not None and req.dimensions != width:
+            raise APIError(400, f"'dimensions' must be {width} for {req.model!r} (its vectors are not made to be "
+                           f"cut), got {req.dimensions}", param="dimensions", code="invalid_value")
+        tokens = sum(len(e.ids) for e in encoded)
         async with state.embed_lock:  # one encoder call at a time, off the event loop
             vectors = await run_in_threadpool(embed, state.embedder, req.input)
         return responses.embeddings(vectors.numpy().astype(np.float32), req.model, tokens, req.encoding_format)

@@ -215,7 +215,12 @@ class Scheduler:
                     self._finish(seq, "error")
             else:
                 self.metrics.prefilled(sum(len(s.prompt) for s in admitted))
-                self._advance(admitted, logits)
+                try:
+                    self._advance(admitted, logits)
+                except Exception:
+                    log.exception("the first token failed")
+                    for seq in admitted:
+                        self._finish(seq, "error")
         batch = [s for s in self.running.values() if s.finish_reason is None and not s.cancelled]
         if batch:
             start = time.perf_counter()
@@ -234,6 +239,9 @@ class Scheduler:
         for seq, token in zip(seqs, tokens):
             if seq.cancelled:
                 self._finish(seq, "cancelled")
+                continue
+            if token is None:  # its sampling failed (pick_tokens logged why): this request only
+                self._finish(seq, "error")
                 continue
             if token in seq.params.stop_tokens:
                 self._finish(seq, "stop")
@@ -263,17 +271,23 @@ class Scheduler:
         if seq.finish_reason is None:
             seq.finish_reason = reason
             if reason == "error":
-                seq.on_event("error", "the decode engine failed on this batch (the server's log has the cause)")
+                seq.on_event("error", "decoding this request failed (the server's log has the cause)")
             else:
                 seq.on_event("done", reason)
 
 
-def pick_tokens(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator]) -> list[int]:
+def pick_tokens(logits: torch.Tensor, params: list[SamplingParams],
+                generators: list[torch.Generator]) -> list[int | None]:
     """The next token of each row of `logits` (N, V): argmax for greedy rows (one call for all of
     them), sampling.sample_next with the row's own generator for the others, so a row's token does
-    not depend on the rows beside it."""
-    out = logits.argmax(dim=-1).tolist()  # (N,) greedy for every row; sampled rows are replaced
+    not depend on the rows beside it. A row whose sampling raises gets None (logged), and the
+    others their tokens: one request's failure is its own."""
+    out: list[int | None] = logits.argmax(dim=-1).tolist()  # (N,) greedy for every row; sampled rows are replaced
     for i, p in enumerate(params):
         if p.temperature > 0:
-            out[i] = int(sampling.sample_next(logits[i:i + 1], p.temperature, p.top_k, p.top_p, generators[i])[0])
+            try:
+                out[i] = int(sampling.sample_next(logits[i:i + 1], p.temperature, p.top_k, p.top_p, generators[i])[0])
+            except Exception:
+                log.exception("sampling failed for one request")
+                out[i] = None
     return out

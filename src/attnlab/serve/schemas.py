@@ -123,6 +123,14 @@ class CompletionRequest(Sampling):
     prompt: Any
     echo: StrictBool = False
     suffix: StrictStr | None = None
+    best_of: StrictInt = 1
+
+    @field_validator("best_of")
+    @classmethod
+    def _one_candidate(cls, v):
+        if v != 1:
+            raise ValueError(f"must be 1 (one candidate per request, as n), got {v}")
+        return v
 
     @field_validator("echo", "suffix")
     @classmethod
@@ -150,6 +158,7 @@ class EmbeddingRequest(Strict):
     model: StrictStr
     input: Any
     encoding_format: Literal["float", "base64"] = "float"
+    dimensions: StrictInt | None = Field(None, ge=1)  # the model's width only (checked by the endpoint)
     user: StrictStr | None = None
 
     @field_validator("input")
@@ -159,7 +168,7 @@ class EmbeddingRequest(Strict):
         if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
             raise ValueError("must be a string or a non-empty list of strings")
         if any(t == "" for t in texts):
-            raise ValueError("an input is empty")
+            raise ValueError("must not hold an empty string")
         return texts
 
 

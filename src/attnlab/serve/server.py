@@ -66,10 +66,16 @@ class ServeConfig:
 def make_engine(model, max_batch: int, ctx_size: int | None, engine: str = "auto", kv_dtype: str = "auto"):
     """The decode engine of `model` (engines.choose_engine: the fused C++ step where it runs, else
     the reference) with max_batch slots of ctx_size positions (default: the model's context, at
-    most DEFAULT_CTX)."""
+    most DEFAULT_CTX).
+
+    Raises:
+        UserError: ctx_size past the model's context (named as ctx_size, the server's option).
+    """
     limit = context_limit(model)
     if ctx_size is None:
         ctx_size = DEFAULT_CTX if limit is None else min(limit, DEFAULT_CTX)
+    elif limit is not None and ctx_size > limit:
+        raise UserError(f"ctx_size={ctx_size} is past the model's context of {limit} positions", param="ctx_size")
     return choose_engine(model, max_batch, ctx_size, engine, kv_dtype)
 
 

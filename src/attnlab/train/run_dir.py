@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 from pathlib import Path
 from typing import Iterator
@@ -22,6 +23,8 @@ from attnlab.files import atomic_link, committed_directory, remove_temporaries
 from attnlab.jsonfile import read_json, write_json_atomic
 from attnlab.train.checkpoint import BEST_FILE, read_state
 from attnlab.train.state import TrainState
+
+log = logging.getLogger("attnlab")
 
 CHECKPOINT_DIR = "checkpoint"   # resumable state inside a run directory
 WEIGHTS = "model.safetensors"   # the best weights of a run
@@ -206,7 +209,8 @@ def take_snapshot(out: Path, step: int, keep: list[int]) -> None:
 def align_with_checkpoint(out: Path, state: TrainState) -> None:
     """Put run directory `out` back in the state its checkpoint describes, undoing whatever a killed
     or interrupted run wrote after it (a resume then replays those steps exactly): temporary files
-    removed, metrics.jsonl cut to state.metrics_bytes, the best weights (weights_path) = the checkpoint's
+    removed, metrics.jsonl cut to state.metrics_bytes (when something else cut it shorter, to its last
+    whole line, with a warning), the best weights (weights_path) = the checkpoint's
     best.safetensors (removed when nothing was evaluated yet), snapshots/ = state.snapshots (the
     checkpoint's own step re-linked from its weights when a kill fell before the link).
     Call it holding the run's lock.
@@ -217,8 +221,16 @@ def align_with_checkpoint(out: Path, state: TrainState) -> None:
     for folder in (out, out / SNAPSHOT_DIR):
         remove_temporaries(folder)
     metrics = out / "metrics.jsonl"
-    if state.metrics_bytes is not None and metrics.is_file() and metrics.stat().st_size > state.metrics_bytes:
-        os.truncate(metrics, state.metrics_bytes)
+    if state.metrics_bytes is not None and metrics.is_file():
+        size = metrics.stat().st_size
+        if size > state.metrics_bytes:
+            os.truncate(metrics, state.metrics_bytes)
+        elif size < state.metrics_bytes:  # cut by something else: new records must not join a cut line
+            keep = metrics.read_bytes().rfind(b"\n") + 1
+            os.truncate(metrics, keep)
+            log.warning("%s is %d bytes, shorter than the %d its checkpoint recorded (cut outside this run): kept "
+                        "its %d bytes of whole lines; the records lost from it are not written again",
+                        metrics, size, state.metrics_bytes, keep)
     best, weights = out / CHECKPOINT_DIR / BEST_FILE, weights_path(out)
     if best.is_file() and not (weights.is_file() and os.path.samefile(best, weights)):
         atomic_link(best, weights)
