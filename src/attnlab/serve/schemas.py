@@ -54,6 +54,7 @@ class Sampling(Strict):
     stop: Any = None
     seed: StrictInt | None = Field(None, ge=-(2 ** 63), lt=2 ** 64)
     n: StrictInt = 1
+    best_of: StrictInt = 1  # completions' candidates: one, as n
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     ignore_eos: StrictBool = False
@@ -74,7 +75,7 @@ class Sampling(Strict):
             raise ValueError(f"at most {MAX_STOP} stop strings, got {len(stops)}")
         return [s for s in stops if s]
 
-    @field_validator("n")
+    @field_validator("n", "best_of")
     @classmethod
     def _one_choice(cls, v):
         if v != 1:
@@ -123,15 +124,6 @@ class CompletionRequest(Sampling):
     prompt: Any
     echo: StrictBool = False
     suffix: StrictStr | None = None
-    best_of: StrictInt = 1
-
-    @field_validator("best_of")
-    @classmethod
-    def _one_candidate(cls, v):
-        if v != 1:
-            raise ValueError(f"must be 1 (one candidate per request, as n), got {v}")
-        return v
-
     @field_validator("echo", "suffix")
     @classmethod
     def _unsupported(cls, v):
