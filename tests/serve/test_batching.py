@@ -31,9 +31,14 @@ def counter(text: str, name: str) -> float:
 
 
 def run_together(client, model, jobs, stagger):
+    """Send `jobs` from one thread each: all threads released at once (a barrier), then request i
+    waits stagger * (i % 5) s, so requests arrive at a few different times but well within each
+    other's decoding (its length, not the clients' start-up, decides how many overlap)."""
     out = [None] * len(jobs)
+    start = threading.Barrier(len(jobs))
 
     def one(i, kwargs):
+        start.wait(30)
         time.sleep(stagger * (i % 5))
         out[i] = client.completions.create(model=model, **kwargs)
 
@@ -66,7 +71,7 @@ def client(served):
 
 def test_sixteen_greedy_requests_together_equal_each_alone(client, served, tiny_gguf):
     dtype, server = served
-    jobs = [dict(prompt=p, max_tokens=100 + 20 * (i % 7), temperature=0, extra_body={"ignore_eos": True})
+    jobs = [dict(prompt=p, max_tokens=280 + 20 * (i % 7), temperature=0, extra_body={"ignore_eos": True})
             for i, p in enumerate(prompts())]
     alone = [client.completions.create(model=server.model, **kw) for kw in jobs]
     before = httpx.get(server.url + "/metrics").text
