@@ -57,6 +57,11 @@ Where a value came from (bench/decode_tuning.py runs the sweeps; the README keep
         stalled the step (perf: the samples on the instruction after each prefetcht1); spread, B = 1 / 8
         steps 1.11-1.15x / 1.16-1.23x faster than the bursts. fp32
         keeps its burst (spread or none: 1.2x slower at B = 1, bandwidth-bound).
+    AMD EPYC Zen 5 (CPU family 26, AVX512): the same row. Measured there on 2026-12-07 (`python
+        bench/quant_tiles.py --precisions q8_0 q4_1 q4_0 --configs 0 16 8 16:0 16:8192 --batches 1 8
+        --rounds 3 --steps 10`, bench/results/quant_tiles_amd_epyc_zen5.json: 16-row tiles 1.08x / 1.66x
+        / 1.25x the rows at B = 8, 8 rows no better; bench/decode_tuning.py's prefetch candidates,
+        bench/results/decode_tuning_amd_epyc_zen5.json: none better at B = 1 and B = 8 for every format).
     huge_pages 1 in every row: measured on an EPYC Zen 3 on 2026-12-07 (`python bench/huge_pages.py
         --rounds 10`, bench/results/huge_pages_amd_epyc_zen3.json: two copies of SmolLM2-135M decoding
         in turns, huge / 4 KiB pages 1.06x fp32, 1.07x Q8_0, 1.01x Q4_0, medians of 10 rounds whose
