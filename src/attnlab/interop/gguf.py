@@ -266,7 +266,7 @@ def load_gguf(path, dtype: str = "fp32") -> tuple[GPT, ByteLevelBPE, dict[str, A
     try:
         cfg = gpt_config_from_gguf(metadata, [t.name for t in reader.tensors])
         tokenizer = tokenizer_from_metadata(metadata).tokenizer
-        model = GPT(cfg)
+        model = GPT.for_loading(cfg)
         _load_weights(reader, model, cfg.tie_embeddings, dtype)
     except ValueError as err:
         raise UserError(f"{path}: {err}") from None

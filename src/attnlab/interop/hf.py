@@ -53,7 +53,7 @@ def load_hf(path, dtype: torch.dtype = torch.float32) -> tuple[GPT, dict]:
     hf = jsonfile.read_json(folder / "config.json")
     arch, cfg = gpt_config_from_hf(hf)
     tensors = normalize(arch, read_tensors(files), cfg.tie_embeddings)
-    model = GPT(cfg)
+    model = GPT.for_loading(cfg)
     state = model.state_dict()
     expected = {k: tuple(v.shape) for k, v in to_hf(arch, state, cfg.tie_embeddings).items()}
     where = files[0] if len(files) == 1 else folder / INDEX

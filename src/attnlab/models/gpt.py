@@ -218,6 +218,26 @@ _decoder_block(cfg) for _ in range(cfg.n_layers))
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
+    @classmethod
+    def for_loading(cls, cfg: GPTConfig) -> "GPT":
+        """A GPT of `cfg` on the CPU whose parameters are allocated but not initialised (they hold
+        whatever memory held), for a loader that fills every one of them and checks that none is
+        missing (interop's GGUF and Hugging Face readers). Built on PyTorch's meta device, it skips
+        GPT(cfg)'s random initialisation (about 1 s of SmolLM2-135M's load); the buffers computed
+        from cfg (RoPE's frequencies, a sinusoidal table) are made as GPT(cfg) makes them, and tied
+        embeddings stay tied.
+        """
+        with torch.device("meta"):
+            model = cls(cfg)
+        model = model.to_empty(device="cpu")  # a tied parameter becomes two tensors here: tied again below
+        if cfg.positions == "sinusoidal":
+            model.position_table = sinusoidal_table(cfg.max_seq_len, cfg.d_model)
+        elif cfg.positions != "learned":
+            model.rotary.inv_freq = model.rotary.frequencies()
+        if cfg.tie_embeddings:
+            model.lm_head.weight = model.embed_tokens.weight
+        return model
+
     def _init_weights(self) -> None:
         residual_std = self.cfg.init_std / math.sqrt(2 * self.cfg.n_layers)
         for name, module in self.named_modules():

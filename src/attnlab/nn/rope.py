@@ -31,8 +31,12 @@ class RotaryEmbedding(nn.Module):
             raise UserError(f"RoPE needs an even head dim (d_model / n_heads), got {head_dim}")
         if theta <= 0:
             raise UserError(f"rope_theta must be > 0, got {theta}")
-        inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)  # (Dh/2,)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.head_dim, self.theta = head_dim, theta
+        self.register_buffer("inv_freq", self.frequencies(), persistent=False)
+
+    def frequencies(self) -> torch.Tensor:
+        """θ^(-2i/Dh) for i = 0 .. Dh/2 − 1: (Dh/2,) fp32 (the inv_freq buffer's values)."""
+        return self.theta ** (-torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32
                 ) -> tuple[torch.Tensor, torch.Tensor]:
