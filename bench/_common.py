@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from attnlab.jsonfile import write_json_atomic
 from attnlab.nn.cpu_tuning import cpu_info
 from attnlab.nn.quant_kernel import instruction_set
 
@@ -59,3 +60,10 @@ def save_figure(fig, path: str) -> None:
 def spread(values: list[float]) -> dict:
     """median, min and max of a bench's repeated figures, rounded to 3 places."""
     return {"median": round(statistics.median(values), 3), "min": round(min(values), 3), "max": round(max(values), 3)}
+
+
+def emit(result: dict, out: str | None) -> None:
+    """Print a bench's result as its one JSON line, and write it (atomically) to `out` when given."""
+    print(json.dumps(result))
+    if out:
+        write_json_atomic(out, result)

@@ -15,16 +15,14 @@ Prints one JSON line with the host.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 
 import _llamacpp as peer
 import torch
-from _common import host, spread
+from _common import emit, host, spread
 from gguf import GGUFReader
 
-from attnlab.jsonfile import write_json_atomic
 from attnlab.load import load_causal_lm
 from attnlab.models.gpt import GPT
 from attnlab.nn.quant_kernel import kernel
@@ -71,10 +69,7 @@ def main() -> None:
            "llama.cpp": peer.version(), "host": host(args.threads)}
     if "llama.cpp" in med:
         out["ours_vs_llama.cpp"] = {d: round(med[f"ours_{d}"] / med["llama.cpp"], 2) for d in args.dtypes}
-    line = json.dumps(out)
-    print(line)
-    if args.out:
-        write_json_atomic(args.out, out)
+    emit(out, args.out)
 
 
 if __name__ == "__main__":

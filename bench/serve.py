@@ -35,9 +35,8 @@ import time
 
 import _llama_server as peer
 import httpx
-from _common import SHARED, host
+from _common import SHARED, emit, host
 
-from attnlab.jsonfile import write_json_atomic
 from attnlab.nn.quant_linear import DTYPES
 from attnlab.pretrained import resolve
 from attnlab.tokenizers.gguf import read_gguf_tokenizer
@@ -213,10 +212,7 @@ def main() -> None:
               if binary else None,
               "runs": runs, "ratios": ratios, f"scaling {args.clients[-1]} / {args.clients[0]} clients": scaling,
               "host": host(args.threads)}
-    line = json.dumps(result)
-    print(line)
-    if args.out:
-        write_json_atomic(args.out, result)
+    emit(result, args.out)
 
 
 if __name__ == "__main__":
