@@ -11,10 +11,12 @@ import torch
 from attnlab.convert import convert
 from attnlab.interop.hf import load_hf
 from attnlab.load import load_causal_lm
+from attnlab.models.gpt import GPT
 from attnlab.nn.lora import LoRALinear, lora_layers
 from attnlab.nn.quant_linear import QuantLinear
 from attnlab.tasks.registry import evaluate_run, get_task, load_run
 from attnlab.tensorfile import read_tensors
+from attnlab.train.checkpoint import load_weights
 from attnlab.train.run_dir import has_checkpoint
 from tests.conftest import tiny_finetune_recipe
 from tests.train.crash import assert_same_run, kill_at
@@ -122,6 +124,11 @@ def test_full_finetune_learns_and_needs_no_base(tiny_chat_base, lora_run, tmp_pa
     assert record["val_loss"] < 0.6 * first["loss"]  # the response tokens are learnable (word-for-word pairs)
     run = load_run(tmp_path / "full")
     assert run.model.num_parameters() == record["parameters"] and not lora_layers(run.model)
+    ref = GPT(run.model.cfg)  # randomly initialised, then the run's weights: what GPT.for_loading skips
+    load_weights(ref, tmp_path / "full" / "model.safetensors")
+    x = torch.randint(run.model.cfg.vocab_size, (1, 12))
+    with torch.no_grad():
+        assert torch.equal(run.model(x).logits, ref.eval()(x).logits)
 
 
 def test_quantized_base_keeps_its_kernels(tiny_chat_base, lora_run, tmp_path, monkeypatch):

@@ -224,7 +224,7 @@ class FinetuneTask(Task):
         saved, cfg, _, _ = self.read_config(path)
         base_cfg = GPTConfig.from_dict(saved.get("base_model") or {})
         if not cfg.lora_rank:
-            model = GPT(base_cfg)
+            model = GPT.for_loading(base_cfg)  # every weight comes from the run (load_weights checks)
             load_weights(model, path / WEIGHTS)
         else:
             model = load_base(cfg.base, cfg.base_dtype, self.family).model
