@@ -74,9 +74,10 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
     check_sampling(temperature, top_k, top_p)
     if temperature == 0:
         return logits.argmax(dim=-1)
-    scaled = logits.float() / temperature  # (B, V)
+    logits = logits.float()  # (B, V)
+    scaled = logits / temperature
     if not bool(torch.isfinite(scaled.amax(dim=-1)).all()):  # overflow (or a temperature that is 0 in float32)
-        gaps = logits.float() - logits.float().amax(dim=-1, keepdim=True)  # (B, V), <= 0
+        gaps = logits - logits.amax(dim=-1, keepdim=True)  # (B, V), <= 0
         scaled = gaps / max(temperature, torch.finfo(torch.float32).tiny)
     logits = scaled
     if top_k is not None:

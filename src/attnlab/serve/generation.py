@@ -16,6 +16,7 @@ from attnlab.errors import UserError
 from attnlab.serve.errors import APIError, bad_request
 from attnlab.serve.scheduler import QueueFull, SamplingParams, Scheduler, Sequence
 from attnlab.textstream import StopStrings, TextStream
+from attnlab.wording import counted
 
 
 @dataclass
@@ -100,8 +101,7 @@ class TextRun:
         try:
             lm.scheduler.submit(self.seq)
         except QueueFull as e:
-            waiting = lm.scheduler.max_queue
-            raise APIError(429, f"the server is busy ({waiting} request{'s' if waiting != 1 else ''} already waiting); "
+            raise APIError(429, f"the server is busy ({counted(lm.scheduler.max_queue, 'request')} already waiting); "
                            f"retry in {e.retry_after} s", code="queue_full",
                            headers={"Retry-After": str(e.retry_after)}) from None
         except RuntimeError:

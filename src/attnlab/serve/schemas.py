@@ -124,6 +124,7 @@ class CompletionRequest(Sampling):
     prompt: Any
     echo: StrictBool = False
     suffix: StrictStr | None = None
+
     @field_validator("echo", "suffix")
     @classmethod
     def _unsupported(cls, v):

@@ -24,6 +24,7 @@ from attnlab.serve.app import ServerState, create_app
 from attnlab.serve.generation import LanguageModel
 from attnlab.serve.metrics import ServerMetrics
 from attnlab.serve.scheduler import Scheduler
+from attnlab.wording import counted
 
 DEFAULT_CTX = 2048  # positions per slot when the model allows more (each slot holds its own KV cache)
 
@@ -112,12 +113,11 @@ def describe(state: ServerState, url: str) -> str:
     if state.lm is not None:
         e = state.lm.scheduler.engine
         cache = f", {e.kv_dtype} KV cache" if getattr(e, "kv_dtype", None) else ""  # the fused engine's choice
-        slots = f"{e.max_batch} slot{'s' if e.max_batch != 1 else ''}"
+        slots = counted(e.max_batch, "slot")
         parts.append(f"{state.lm.name} (engine {e.name}, {slots} x {e.max_len} positions{cache})")
     if state.embedder is not None:
         parts.append(f"embeddings {state.embed_name}")
-    threads = torch.get_num_threads()
-    return f"attnlab serve: listening on {url} serving {'; '.join(parts)}; {threads} thread{'s' if threads != 1 else ''}"
+    return f"attnlab serve: listening on {url} serving {'; '.join(parts)}; {counted(torch.get_num_threads(), 'thread')}"
 
 
 def serve(cfg: ServeConfig) -> None:
