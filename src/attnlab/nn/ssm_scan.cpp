@@ -8,8 +8,8 @@
 // Algorithm 2 and eq. (4); the reference implementation's selective_scan_fn for the fused maps):
 //   Δ = softplus(dt + dt_bias) (or dt)   a = exp(Δ_t A)   h = a · h + (Δ_t x_t) · B_t
 //   y_t = (Σ_n C_t,n h_n + D x_t) · SiLU(z_t)
-// with the same roundings as the PyTorch ops (ssm_scan.h); y's sum over n runs in another order
-// (agreement to fp32 summation order).
+// with the maps (softplus, SiLU, D) rounded as the PyTorch ops, the recurrence with FMAs and the decay
+// through vexp2 (ssm_scan.h), and y's sum over n in another order: agreement to fp32 rounding.
 // Backward (the adjoint recurrence of nn/ssm.py's _SelectiveScan, run from T − 1 down to 0): the
 // states are recomputed from h0 per sequence and channel block, in segments of kSegment steps whose
 // first states are kept (memory O(T/kSegment + kSegment) per block, any T), then for each t
@@ -111,12 +111,17 @@ struct Grads {
 };
 
 // Per thread: the first state of each segment, what the recomputation keeps of each of its steps, and
-// the ∂B_t, ∂C_t lanes of every step summed over a group's blocks.
+// the ∂B_t, ∂C_t lanes of every step summed over a group's blocks. One per thread, kept between calls
+// (thread_local in scan_backward): ~0.4 MB per thread for a Mamba layer of the recipes, which a call
+// would otherwise allocate and zero-fill anew.
 struct Scratch {
   std::vector<Vec> starts, prev, decay, ys, deltas, sumB, sumC;
-  Scratch(int64_t segments, int64_t N, int64_t T)
-      : starts(segments * N), prev(kSegment * N), decay(kSegment * N), ys(kSegment), deltas(kSegment),
-        sumB(T * N), sumC(T * N) {}
+  // at least large enough for a run of `segments` segments, N states and T steps (it only grows)
+  void reserve(int64_t segments, int64_t N, int64_t T) {
+    for (auto [v, n] : {std::pair{&starts, segments * N}, {&prev, kSegment * N}, {&decay, kSegment * N},
+                        {&ys, kSegment}, {&deltas, kSegment}, {&sumB, T * N}, {&sumC, T * N}})
+      if (static_cast<int64_t>(v->size()) < n) v->resize(n);
+  }
 };
 
 // One step t of the adjoint recurrence (file comment) for channels d0 .. d0 + 15 of sequence b, block
@@ -147,16 +152,14 @@ inline void adjoint_step(const Scan& s, const Grads& g, int64_t b, int64_t blk, 
   Vec* pb = w.sumB.data() + t * N;  // ∂B_t, ∂C_t lanes, summed over the group's blocks
   Vec* pc = w.sumC.data() + t * N;
   for (int64_t n = 0; n < N; ++n) {
-    const Vec c = mul(ht(n), gy);
-    pc[n] = first ? c : add(pc[n], c);
-    gh[n] = add(gh[n], mul(set1(Ct[n]), gy));
+    pc[n] = first ? mul(ht(n), gy) : fmadd(ht(n), gy, pc[n]);
+    gh[n] = fmadd(set1(Ct[n]), gy, gh[n]);
     const Vec a = decay[n];
     const Vec g_log = mul(mul(gh[n], prev[n]), a);
-    gAacc[n] = add(gAacc[n], mul(g_log, dtv));
-    g_dtA = add(g_dtA, mul(g_log, load(s.At + n * s.Di + d0, m)));
-    g_dx = add(g_dx, mul(gh[n], set1(Bt[n])));
-    const Vec bb = mul(gh[n], dx);  // 0 in the lanes past Di: dx is
-    pb[n] = first ? bb : add(pb[n], bb);
+    gAacc[n] = fmadd(g_log, dtv, gAacc[n]);
+    g_dtA = fmadd(g_log, load(s.At + n * s.Di + d0, m), g_dtA);
+    g_dx = fmadd(gh[n], set1(Bt[n]), g_dx);
+    pb[n] = first ? mul(gh[n], dx) : fmadd(gh[n], dx, pb[n]);  // 0 in the lanes past Di: dx is
     gh[n] = mul(gh[n], a);
   }
   const Vec gxv = mul(g_dx, dtv);
@@ -209,6 +212,7 @@ void backward_block(const Scan& s, const Grads& g, Scratch& w, int64_t b, int64_
     adjoint_step<kN>(s, g, b, blk, t1 - 1, t1 - 1 - t0, [&](int64_t n) { return h[n]; }, gh, gAacc, gDacc, gbacc,
                      w, first);
     for (int64_t t = t1 - 2; t >= t0; --t) {
+      if (t - kAhead >= t0) ahead(t - kAhead);  // the rows of the adjoint steps to come (it runs down)
       const Vec* next = w.prev.data() + (t + 1 - t0) * N;
       adjoint_step<kN>(s, g, b, blk, t, t - t0, [next](int64_t n) { return next[n]; }, gh, gAacc, gDacc,
                        gbacc, w, first);
@@ -245,7 +249,8 @@ std::vector<at::Tensor> scan_backward(const at::Tensor& x, const at::Tensor& dt,
                 gbias.data_ptr<float>(), nb};
   const int64_t segments = (T + kSegment - 1) / kSegment;
   at::parallel_for(0, nb * groups, 1, [&](int64_t i0, int64_t i1) {
-    Scratch w(segments, N, T);
+    thread_local Scratch w;
+    w.reserve(segments, N, T);
     for (int64_t i = i0; i < i1; ++i) {
       // group grp: blocks [grp · nblk / groups, (grp + 1) · nblk / groups), never empty for groups ≤ nblk
       const int64_t b = i / groups, grp = i % groups, blk0 = grp * nblk / groups, blk1 = (grp + 1) * nblk / groups;
