@@ -205,13 +205,14 @@ __attribute__((always_inline)) inline void store_bf16(uint16_t* p, Vec x) {
 #endif
 
 __attribute__((always_inline)) inline Vec ones() { return set1(1.0f); }
+constexpr float kLog2e = 0x1.715476p+0f;  // log2(e) = 1 / ln 2, as float (vexp; the scan's decays, vexp2)
 __attribute__((always_inline)) inline Vec neg(Vec v) { return sub(zero(), v); }
 
 // e^x, bit for bit Sleef's expf_u10 (decode_ops.h exp16 says how; this is its one formula, for
 // either width): q = round(x / ln 2), s = x − q ln 2 in two FMA steps, 1 + s + s² P(s) (degree 7),
 // times 2^q; 0 below −104, ∞ above 100, NaN stays NaN.
 __attribute__((always_inline)) inline Vec vexp(Vec x) {
-  const Vec qf = round_nearest(mul(x, set1(0x1.715476p+0f)));  // 1 / ln 2
+  const Vec qf = round_nearest(mul(x, set1(kLog2e)));
   Vec s = fmadd(qf, set1(-0x1.62e4p-1f), x);                     // − ln 2, upper part
   s = fmadd(qf, set1(-0x1.7f7d1cp-20f), s);                      // − ln 2, lower part
   Vec u = set1(0x1.a057b4p-13f);
@@ -239,7 +240,7 @@ __attribute__((always_inline)) inline Vec vexp(Vec x) {
 
 // 2^x, relative error ≤ 1.6e-7 (3 ulp): r = round(x), f = x − r in [−½, ½], 2^f ≈ 1 + f · P(f) with P of
 // degree 4 (a relative minimax fit on [−½, ½], evaluated with FMAs), times 2^r. Exactly 1 at x = 0 (and
-// at −0); ∞ above 128; NaN stays NaN. Below the normal range the builds differ (the one exception to
+// at −0); ∞ above 128 (AVX2: from 127.5); NaN stays NaN. Below the normal range the builds differ (the one exception to
 // this file's same bits): AVX512's scalef keeps denormals, AVX2 gives 0 for x < −126.5. Eight
 // operations in place of vexp's fifteen: the selective scan's decays exp(Δ A) = 2^(Δ log2(e) · A),
 // one per state and step (ssm_scan.h), where vexp's last ulp buys nothing.

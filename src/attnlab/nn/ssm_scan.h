@@ -26,8 +26,6 @@ using attnlab_decode::prefetch;
 // floats, one cache line each, which the hardware prefetcher does not follow (causal_conv.cpp).
 constexpr int64_t kAhead = 8;
 
-constexpr float kLog2e = 0x1.715476p+0f;  // log2(e), as float
-
 // The scan's inputs (fp32, contiguous): x, dt (B, T, Di); At (N, Di); B, C (B, T, N); optional D (Di,),
 // z (B, T, Di) and dt_bias (Di,) (nullptr when absent); softplus: Δ = softplus(dt + dt_bias).
 struct Scan {
