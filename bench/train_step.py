@@ -13,6 +13,7 @@ optimizer, the finiteness guard) on the recipe's model, data and batches:
     fused_sdpa     fused, with attention by SDPA (the kernel's gain in fp32: CPUs without native bf16)
     fused_composed_loss  fused, with the output projection and the loss composed of autograd's ops
                    instead of nn/linear_cross_entropy.py's chunks (what the fused loss gains, fp32)
+    bf16_composed_loss   the same under bf16 autocast (what the fused loss gains there)
     compile        torch.compile of the model (inductor), fused AdamW
     compile_bf16   both
 
@@ -66,7 +67,7 @@ from attnlab.train.speed import autocast_context
 
 BASE = {"compile": "fused", "compile_bf16": "bf16"}  # what compiling is weighed against (the same, eager)
 WITHOUT_SHORT_ATTENTION = ("bf16_sdpa", "fused_sdpa")  # candidates whose steps run attention through SDPA
-WITHOUT_FUSED_LOSS = ("fused_composed_loss",)  # candidates whose steps compose the head and the loss
+WITHOUT_FUSED_LOSS = ("fused_composed_loss", "bf16_composed_loss")  # candidates whose steps compose the head and the loss
 CANDIDATES = {
     "fp32": {"autocast": "none", "compile": False, "optimizer_impl": "for-loop"},
     "foreach": {"autocast": "none", "compile": False, "optimizer_impl": "foreach"},
@@ -75,6 +76,7 @@ CANDIDATES = {
     "bf16_sdpa": {"autocast": "bf16", "compile": False, "optimizer_impl": "fused"},
     "fused_sdpa": {"autocast": "none", "compile": False, "optimizer_impl": "fused"},
     "fused_composed_loss": {"autocast": "none", "compile": False, "optimizer_impl": "fused"},
+    "bf16_composed_loss": {"autocast": "bf16", "compile": False, "optimizer_impl": "fused"},
     "compile": {"autocast": "none", "compile": True, "optimizer_impl": "fused"},
     "compile_bf16": {"autocast": "bf16", "compile": True, "optimizer_impl": "fused"},
 }

@@ -2,7 +2,7 @@
 F.cross_entropy's loss (1e-6) and gradients (5e-6: fp32 summation order) of the composition, for a
 frozen, a trained and a quantized head, with label smoothing (over all classes, or all but padding:
 the translation loss), with a head tied to the embedding, and keeps no (N, V) tensor for the
-backward."""
+backward; under CPU bf16 autocast, the composition under autocast up to bf16 rounding."""
 from __future__ import annotations
 
 import weakref
@@ -60,6 +60,41 @@ def test_a_quantized_head_equals_its_composition():
     ours.backward(), ref.backward()
     assert (ours - ref).abs() <= 1e-5 * ref.abs()
     assert (h1.grad - h2.grad).abs().max() <= 1e-4 * h2.grad.abs().max()  # bf16 input gradient of both
+
+
+@pytest.mark.parametrize("trained", [False, True])
+@pytest.mark.parametrize("epsilon", [0.0, 0.1])
+def test_under_bf16_autocast_it_equals_the_composition_under_autocast(trained, epsilon):
+    # the products in bf16 as autocast runs the head, the softmax and the loss in fp32 on the
+    # bf16-rounded logits (module docstring): the same loss (to fp32 summation order, and the odd bf16
+    # ulp of a logit where a chunk's product sums in another order); the gradients, rounded to bf16
+    # at other points (the incoming gradient's scale, ∂/∂W's chunks), as close to the fp32 gradients
+    # as the composition's are (within 1.5x; here ~0.5% of the largest both)
+    head, hidden, targets = case(trained)
+    targets = targets.clamp(min=1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ours = run(lambda h: linear_cross_entropy(h, head, targets, epsilon, chunk_rows=8, pad_id=0), head, hidden,
+                   targets)
+        ref = run(lambda h: label_smoothed_cross_entropy(head(h), targets, epsilon, pad_id=0), head, hidden, targets)
+    fp32 = run(lambda h: label_smoothed_cross_entropy(head(h), targets, epsilon, pad_id=0), head, hidden, targets)
+    assert (ours[0] - ref[0]).abs() <= 1e-6 * ref[0].abs()
+    assert (ours[0] - fp32[0]).abs() > 1e-6 * fp32[0].abs()  # the products did run in bf16
+    for a, b, exact in zip(ours[1:], ref[1:], fp32[1:]):
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert a.dtype == torch.float32
+            assert (a - exact).abs().max() <= 1.5 * (b - exact).abs().max()
+            assert (a - b).abs().max() <= 2 ** -7 * b.abs().max()
+
+
+def test_under_bf16_autocast_it_keeps_no_logits_for_the_backward():
+    head, hidden, targets = case(True, n=40, vocab=500)
+    saved = []
+    h = hidden.clone().requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16), \
+            torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(tuple(t.shape)) or t, lambda t: t):
+        linear_cross_entropy(h, head, targets, chunk_rows=16)
+    assert saved == [(40, 32), (500, 32)]  # ∂loss/∂h and ∂loss/∂W only: no (N, V) tensor
 
 
 def test_keeps_no_logits_for_the_backward():

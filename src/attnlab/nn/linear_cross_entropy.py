@@ -23,9 +23,16 @@ sums (tests/nn/test_linear_cross_entropy.py). Liger-Kernel's fused linear cross-
 2024, §3.2) does the same on GPUs.
 
 The head is an fp32 nn.Linear without bias (a trained or a frozen weight, tied to an embedding or
-not) or a QuantLinear (frozen; its product and its input gradient). Anything else (autocast, bf16, a
-bias, a sharded weight; no gradient needed) takes the composition: label_smoothed_cross_entropy of
-head(h).
+not) or a QuantLinear (frozen; its product and its input gradient). Under CPU autocast (bf16 or fp16)
+an nn.Linear head takes the chunks too, with the products in autocast's dtype as autocast would run
+them: z = round(h) round(W)ᵀ rounded to that dtype, then fp32 for the softmax and the loss (as
+autocast's fp32 log_softmax reads the composition's low-precision logits), and the chunk's ∂loss/∂z
+rounded to that dtype for its two products (as the gradient reaches autocast's product); ∂/∂W adds
+the chunks' rounded products in fp32, where the composition rounds one product of all N rows (the
+same loss; gradients as close to fp32's as the composition's). A chunk then also makes, for a moment,
+its low-precision (C, V) product and gradient (half the size each). Anything else (autocast of a
+QuantLinear head, a bf16 hidden state, a bias, a sharded weight; no gradient needed) takes the
+composition: label_smoothed_cross_entropy of head(h).
 
 A chunk holds about CHUNK_BYTES of logits: 128 rows of SmolLM2's 49,152 tokens, 786 of Multi30k's
 8,000. The translation step (fp32, 2 threads, AMD EPYC Zen 3, 2,000-token batches) against the
@@ -34,7 +41,10 @@ composition in the same rotation: 712.7 against 878.6 ms, 1.23x (`python bench/t
 --no-probes`, bench/results/train_step_multi30k_fused_loss_amd_epyc_zen3.json); the composition
 spent ~115 ms of its step outside the products (the (N, V) log-softmax forward and backward, the
 gather's zero-filled gradient). In alternated steps of a throwaway script, 128-row chunks gave
-~1.07x, 512-1,024 rows ~1.10-1.22x.
+~1.07x, 512-1,024 rows ~1.10-1.22x. Under bf16 autocast (the recipe's step on CPUs with native bf16
+products; AMD EPYC Zen 5, 2 threads) the same command with `--candidates bf16 bf16_composed_loss`:
+277.2 against 402.7 ms, 1.45x (another run: 301.6 against 404.2;
+bench/results/train_step_multi30k_bf16_fused_loss_zen5.json).
 """
 from __future__ import annotations
 
@@ -58,28 +68,33 @@ def chunk_rows_for(vocab: int) -> int:
 def _fused(head: nn.Module, hidden: torch.Tensor) -> bool:
     """Whether this head and input take the chunked path (module docstring); gradients needed."""
     trained = hidden.requires_grad or (not isinstance(head, QuantLinear) and head.weight.requires_grad)
-    if not (torch.is_grad_enabled() and trained):
+    if not (torch.is_grad_enabled() and trained) or hidden.dtype != torch.float32 or hidden.dim() != 2:
         return False
-    if torch.is_autocast_enabled(hidden.device.type) or hidden.dtype != torch.float32 or hidden.dim() != 2:
+    autocast = torch.is_autocast_enabled(hidden.device.type)
+    if autocast and hidden.device.type != "cpu":
         return False
     if isinstance(head, QuantLinear):
-        return head.bias is None
+        return head.bias is None and not autocast
     return (isinstance(head, nn.Linear) and head.bias is None and type(head.weight.data) is torch.Tensor
             and head.weight.dtype == torch.float32)
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, targets, head, epsilon, chunk, pad_id):
+    @torch.autocast("cpu", enabled=False)  # the products' dtype is `low`, chosen by the caller
+    def forward(ctx, hidden, weight, targets, head, epsilon, chunk, pad_id, low):
         n, vocab = hidden.size(0), head.out_features
         spread = vocab if pad_id is None else vocab - 1  # the classes the smoothing covers
         quant = isinstance(head, QuantLinear)
         grad_h = torch.empty_like(hidden)
         grad_w = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
         total = hidden.new_zeros(())
+        w = weight if low is None else weight.to(low)  # autocast's cast of the weight, once
         for s in range(0, n, chunk):
             h, y = hidden[s:s + chunk], targets[s:s + chunk, None]
-            z = head.product(h) if quant else h @ weight.t()  # (C, V)
+            if low is not None:
+                h = h.to(low)
+            z = head.product(h) if quant else (h @ w.t()).float()  # (C, V) fp32
             picked, mean = z.gather(1, y)[:, 0], None
             if epsilon:
                 mean = z.sum(dim=-1) if pad_id is None else z.sum(dim=-1) - z[:, pad_id]
@@ -99,9 +114,14 @@ class _LinearCrossEntropy(torch.autograd.Function):
                     g[:, pad_id] += epsilon / spread
             g.scatter_add_(1, y, g.new_full(y.shape, -(1 - epsilon)))
             g.div_(n)
-            grad_h[s:s + chunk] = head.input_grad(g) if quant else g @ weight
+            if low is not None:
+                g = g.to(low)
+            grad_h[s:s + chunk] = head.input_grad(g) if quant else g @ w
             if grad_w is not None:
-                grad_w.addmm_(g.t(), h)
+                if low is None:
+                    grad_w.addmm_(g.t(), h)
+                else:
+                    grad_w += g.t() @ h
             del z, g  # freed before the next chunk's logits are formed: one (C, V) tensor lives, not two
         ctx.save_for_backward(grad_h, *(() if grad_w is None else (grad_w,)))
         return total / n
@@ -109,7 +129,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         grad_h, *grad_w = ctx.saved_tensors
-        return grad_h * grad, (grad_w[0] * grad if grad_w else None), None, None, None, None, None
+        return grad_h * grad, (grad_w[0] * grad if grad_w else None), None, None, None, None, None, None
 
 
 def linear_cross_entropy(hidden: torch.Tensor, head: nn.Module, targets: torch.Tensor,
@@ -136,4 +156,5 @@ def linear_cross_entropy(hidden: torch.Tensor, head: nn.Module, targets: torch.T
     if isinstance(head, QuantLinear) or not weight.requires_grad:
         weight = weight.detach()
     chunk = chunk_rows_for(head.out_features) if chunk_rows is None else chunk_rows
-    return _LinearCrossEntropy.apply(hidden, weight, targets, head, float(label_smoothing), chunk, pad_id)
+    low = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
+    return _LinearCrossEntropy.apply(hidden, weight, targets, head, float(label_smoothing), chunk, pad_id, low)
