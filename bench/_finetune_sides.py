@@ -8,9 +8,10 @@ initial adapters, with the same optimizer settings.
 
 Each prints one JSON line: per-step losses and seconds, tokens (input tokens without padding, and
 the response tokens the loss covers) and the process's peak resident memory. Our side sets up its
-process as `attnlab train` does (train/host_memory.py): glibc's mmap threshold fixed before it loads
-the model as TrainConfig.malloc_mmap_threshold says (by default in a run that checkpoints its
-activations; it says whether it did), and the heap's free pages handed back (malloc_trim) once the
+process as `attnlab train` does (train/host_memory.py heap_setup): glibc's mmap threshold fixed before
+it loads the model as TrainConfig.malloc_mmap_threshold says (by default 128 KiB in a run that
+checkpoints its activations, else 32 MiB with the heap kept; it says what it did), and the heap's
+free pages handed back (malloc_trim) once the
 model is built, before the steps; peft's side keeps glibc's default, as peft's users run it.
 """
 from __future__ import annotations
@@ -37,7 +38,7 @@ from attnlab.tasks.registry import get_task
 from attnlab.tokenizers import ByteLevelBPE
 from attnlab.tasks.instruction import InstructionObjective, render_pair
 from attnlab.train.config import TrainConfig
-from attnlab.train.host_memory import fix_mmap_threshold, mmap_threshold, release_free_memory
+from attnlab.train.host_memory import heap_setup, release_free_memory
 from attnlab.train.loop import Trainer, learning_rate
 from safetensors.torch import load_file, save_file
 
@@ -208,13 +209,12 @@ def main():
     ap.add_argument("--checkpointing", action="store_true", help="ours: activation checkpointing of every layer")
     ap.add_argument("--malloc-mmap-threshold", type=int,
                     help="ours: TrainConfig.malloc_mmap_threshold, bytes (default: as attnlab train, 128 KiB with "
-                    "--checkpointing, else glibc's dynamic threshold; 0 = glibc's)")
+                    "--checkpointing, else 32 MiB with the heap kept; 0 = glibc's dynamic threshold)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     # as `attnlab train` does (tasks/base.py), before the model loads; peft's side as peft's users run it
-    process = {"malloc_mmap_threshold": mmap_threshold(args.malloc_mmap_threshold, args.checkpointing)
-               if args.side == "ours" else 0}
-    process["mmap_threshold_fixed"] = fix_mmap_threshold(process["malloc_mmap_threshold"])
+    process = (heap_setup(args.malloc_mmap_threshold, args.checkpointing) if args.side == "ours" else
+               {"malloc_mmap_threshold": 0, "heap_kept": False, "mmap_threshold_fixed": False})
     print(json.dumps({**{"init": side_init, "ours": side_ours, "peft": side_peft}[args.side](args), **process}))
 
 

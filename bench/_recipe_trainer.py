@@ -3,11 +3,19 @@ its first batches grouped as one optimizer step each, and Trainers on it (train/
 `attnlab train` builds them but without a run directory of their own beyond `root`."""
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from attnlab.tasks.base import RunSpec
 from attnlab.tasks.registry import task_of_recipe
 from attnlab.train.loop import Trainer
+
+
+def add_heap_argument(ap: argparse.ArgumentParser) -> None:
+    """--malloc-mmap-threshold, for train/host_memory.py heap_setup (the process as `attnlab train` sets it up)."""
+    ap.add_argument("--malloc-mmap-threshold", type=int,
+                    help="bytes, fixed before building a model (default: as attnlab train, a kept heap here; "
+                    "0 = glibc's dynamic threshold)")
 
 
 def prepare(recipe, root: Path):

@@ -144,6 +144,7 @@ def part_step(args, curve: bool = False) -> dict:
     out = {**record, "warmup_steps_excluded": warm, "ours": r_ours, "peft": r_peft,
            "speedup": round(r_ours["input_tokens_per_s"] / r_peft["input_tokens_per_s"], 3)}
     out["ours"]["mmap_threshold_fixed"] = ours["mmap_threshold_fixed"]
+    out["ours"]["heap_kept"] = ours.get("heap_kept", False)
     for name, run in (("no_shared_prefix", ours_plain), ("qlora_q4_1", ours_q), ("checkpointing", ours_ckpt),
                       ("glibc_dynamic_mmap_threshold", ours_dynamic)):
         if "error" in run:

@@ -5,12 +5,15 @@ between them (nanoGPT's own rate has moved 11,200-15,900 tok/s from one run to t
 lands on one recipe only. This bench builds each recipe's Trainer (train/loop.py, its own defaults:
 `autocast` as the recipe sets it on this CPU, or `--set KEY=VALUE` for every recipe) on its own
 batches, times `--warmup` steps apart, then the recipes take turns, `--steps` steps each per round for
-`--rounds` rounds (the order rotating), so a drift touches them alike. Prints one JSON line: per
+`--rounds` rounds (the order rotating), so a drift touches them alike. The process's heap is set up
+as `attnlab train` sets up its own for these recipes (train/host_memory.py heap_setup: kept), or as
+`--malloc-mmap-threshold N` says (0: glibc's dynamic threshold). Prints one JSON line: per
 recipe the median ms per step, tokens per step and tokens/s, its ratio to the first recipe, the
 settings that matter (autocast, optimizer_impl), and the host.
 
     python bench/lm_step_ratio.py [--recipes shakespeare-char shakespeare-char-mamba] [--steps 4]
                                   [--rounds 10] [--threads 2] [--set KEY=VALUE]
+                                  [--malloc-mmap-threshold BYTES]
 """
 from __future__ import annotations
 
@@ -23,9 +26,10 @@ from pathlib import Path
 
 import torch
 from _common import host
-from _recipe_trainer import build_trainer, prepare, windows
+from _recipe_trainer import add_heap_argument, build_trainer, prepare, windows
 
 from attnlab.recipes import get_recipe
+from attnlab.train.host_memory import heap_setup
 from attnlab.train.loop import Trainer
 
 
@@ -45,7 +49,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3, help="first steps of each recipe, not timed")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="applied to every recipe")
+    add_heap_argument(ap)
     args = ap.parse_args()
+    heap = heap_setup(args.malloc_mmap_threshold, checkpointing=False)  # as `attnlab train` sets up its process
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         runs = {name: recipe_trainer(name, args.set, Path(tmp) / name) for name in args.recipes}
@@ -73,7 +79,7 @@ def main() -> None:
                       "ms_per_step_min_max": [round(min(times[name]) * 1e3, 2), round(max(times[name]) * 1e3, 2)],
                       **settings[name]} for name in args.recipes}
     print(json.dumps({"bench": "lm_step_ratio", "overrides": args.set, "steps_per_round": args.steps,
-                      "rounds": args.rounds, "results": results, "host": host(args.threads)}))
+                      "rounds": args.rounds, **heap, "results": results, "host": host(args.threads)}))
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ optimizer, the finiteness guard) on the recipe's model, data and batches:
 Each candidate starts from the same initial weights; its first steps (which include compiling)
 are timed apart, then the candidates take turns, `--steps` steps each per round for `--rounds`
 rounds (the order rotates), so a drift of the machine's speed touches them alike. Prints one JSON
-line per run: per recipe and candidate the median ms per step, its ratio to fp32 (speed-up),
+line per run: per recipe and candidate the median ms per step, its ratio to fp32 (speed-up), the
+minor page faults per timed step (fresh pages the heap took from the system: train/host_memory.py),
 the first steps' extra seconds (compile time: inductor's cache starts empty unless
 --warm-compile-cache), the steps after which compiling has paid for itself (against the same
 settings eager) and the steps each fits in 10 minutes, the loss after the timed steps; and the host
@@ -37,17 +38,18 @@ the most self CPU time (ms per step), to say where a step's time goes.
                                [--steps 4] [--rounds 6] [--first-step N] [--threads 2] [--nanogpt]
                                [--profile 10] [--malloc-mmap-threshold BYTES]
 
-The process is set up as `attnlab train` sets up its own before building a model (glibc's mmap
-threshold as TrainConfig.malloc_mmap_threshold says: these recipes do not checkpoint activations,
-so glibc's dynamic threshold, unless --malloc-mmap-threshold N fixes it; train/host_memory.py). A
-process-wide setting: what it costs a step is measured by two runs, with and without; the JSON
-says whether it was set.
+The process is set up as `attnlab train` sets up its own before building a model (glibc's heap as
+TrainConfig.malloc_mmap_threshold says: these recipes do not checkpoint activations, so the heap is
+kept, blocks below 32 MiB reused from one step to the next, unless --malloc-mmap-threshold N fixes
+N bytes, 0 = glibc's dynamic threshold; train/host_memory.py heap_setup). A process-wide setting: what
+it costs a step is measured by two runs, with and without; the JSON says what was set.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import resource
 import statistics
 import tempfile
 import time
@@ -57,11 +59,11 @@ import torch
 import torch.nn.functional as F
 from _common import host
 from _nanogpt_step import NanoGPTStep
-from _recipe_trainer import build_trainer, prepare, windows
+from _recipe_trainer import add_heap_argument, build_trainer, prepare, windows
 
 from attnlab.nn import linear_cross_entropy, short_attention
 from attnlab.recipes import get_recipe
-from attnlab.train.host_memory import fix_mmap_threshold, mmap_threshold
+from attnlab.train.host_memory import heap_setup
 from attnlab.train.loop import Trainer
 from attnlab.train.speed import autocast_context
 
@@ -84,6 +86,11 @@ DEFAULT_RECIPES = ["shakespeare-char", "shakespeare-char-llama", "shakespeare-ch
                    "digits-vit", "bert-mlm"]
 WARMUP = 3  # first steps timed apart (the compile happens in the first one)
 NANOGPT_RECIPES = ("shakespeare-char",)  # nanoGPT's baby GPT is this recipe's model and batches
+
+
+def minor_faults() -> int:
+    """This process's minor page faults so far (pages the kernel mapped and zeroed on first touch)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def best_ms(fn, repeats: int = 10) -> float:
@@ -191,7 +198,7 @@ def bench_recipe(name: str, candidates: list[str], steps: int, rounds: int, nano
             peer = NanoGPTStep(prepared.objective.train.ids, prepared.model_cfg.vocab_size, Path(tmp))
             step["nanogpt"] = lambda w: peer()
             names.append("nanogpt")
-        first, times, losses, counts = {}, {c: [] for c in names}, {}, {}
+        first, times, losses, counts, faults = {}, {c: [] for c in names}, {}, {}, dict.fromkeys(names, 0)
         for c in names:
             start = time.perf_counter()
             for w in windows[:WARMUP]:
@@ -202,9 +209,10 @@ def bench_recipe(name: str, candidates: list[str], steps: int, rounds: int, nano
             for c in order:
                 for i in range(steps):
                     w = windows[WARMUP + (r * steps + i) % (len(windows) - WARMUP)]
-                    start = time.perf_counter()
+                    start, before = time.perf_counter(), minor_faults()
                     losses[c], counts[c] = step[c](w)
                     times[c].append(time.perf_counter() - start)
+                    faults[c] += minor_faults() - before
         profiles = {}
         for c in names if profile else []:
             w = windows[WARMUP]
@@ -218,7 +226,8 @@ def bench_recipe(name: str, candidates: list[str], steps: int, rounds: int, nano
         extra = max(0.0, first[c] - WARMUP * ms[c] / 1e3)  # what the first steps cost beyond ordinary steps
         rows[c] = {"ms_per_step": round(ms[c], 2), "speedup_vs_fp32": round(ref / ms[c], 3),
                    "first_steps_extra_s": round(extra, 1), "steps_in_10_min": int((600 - extra) / (ms[c] / 1e3)),
-                   "loss_after_timed_steps": round(losses[c], 4), "units_per_step": counts[c]}
+                   "loss_after_timed_steps": round(losses[c], 4), "units_per_step": counts[c],
+                   "minor_page_faults_per_step": round(faults[c] / len(times[c]))}
         if "nanogpt" in ms:
             rows[c]["ratio_tokens_per_s_vs_nanogpt"] = round(ms["nanogpt"] / ms[c], 3)
         base = BASE.get(c)
@@ -248,18 +257,16 @@ def main() -> None:
                     help="profile N more steps of each candidate (operator counts, top self CPU time)")
     ap.add_argument("--warm-compile-cache", action="store_true",
                     help="keep inductor's compiled-kernel cache (default: a fresh one, the compile time of a first run)")
-    ap.add_argument("--malloc-mmap-threshold", type=int,
-                    help="bytes, fixed before building a model (default: as attnlab train, none here; 0 = glibc's)")
+    add_heap_argument(ap)
     args = ap.parse_args()
-    args.malloc_mmap_threshold = mmap_threshold(args.malloc_mmap_threshold, checkpointing=False)
-    fixed = fix_mmap_threshold(args.malloc_mmap_threshold)  # before any model: tasks/base.py's order
+    heap = heap_setup(args.malloc_mmap_threshold, checkpointing=False)  # before any model: tasks/base.py's order
     if not args.warm_compile_cache:
         cache = tempfile.TemporaryDirectory(prefix="inductor-")  # removed at exit
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache.name
     torch.set_num_threads(args.threads)
     record = {"bench": "train_step", "host": host(args.threads), "first_step": args.first_step,
               "steps_per_round": args.steps, "rounds": args.rounds, "compile_cache": "warm" if args.warm_compile_cache else "cold",
-              "malloc_mmap_threshold": args.malloc_mmap_threshold, "mmap_threshold_fixed": fixed}
+              **heap}
     if not args.no_probes:
         record["gemm_gflops"] = gemm_probe(768, 128, 512)
         record["attention"] = attention_probe(12, 4, 64, 32)

@@ -1,6 +1,7 @@
 """Run as `python tests/train/host_memory_probe.py ATTNLAB_TRAIN_ARGS...`: `attnlab train` as a user runs
 it, stopped when the task starts to prepare the run (before any model or data is loaded), where one
-JSON line says whether glibc then maps a large block on its own (tests/train/test_host_memory.py)."""
+JSON line says whether glibc then maps a large block on its own, and whether its heap keeps a freed
+block at its top (tests/train/test_host_memory.py)."""
 from __future__ import annotations
 
 import ctypes
@@ -33,9 +34,21 @@ def maps_a_large_block() -> bool:
     return mapped
 
 
+def keeps_a_freed_heap_top() -> bool:
+    """Whether the heap keeps a freed PROBE-byte block at its top: served from the heap (below the mmap
+    threshold) and not trimmed when freed (the trim threshold above it)."""
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc.restype, libc.malloc.argtypes, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
+    libc.mallinfo2.restype = MallInfo2
+    before = libc.mallinfo2().arena
+    libc.free(libc.malloc(PROBE))
+    return libc.mallinfo2().arena - before >= PROBE
+
+
 def stop_at_prepare(task_class) -> None:
     def prepare(self, spec):
-        print(json.dumps({"maps_a_large_block": maps_a_large_block()}))
+        kept = keeps_a_freed_heap_top()  # first: maps_a_large_block's blocks would leave a free top
+        print(json.dumps({"maps_a_large_block": maps_a_large_block(), "keeps_a_freed_heap_top": kept}))
         sys.stdout.flush()
         raise SystemExit(0)
     task_class.prepare = prepare

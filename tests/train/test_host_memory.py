@@ -1,7 +1,8 @@
 """train/host_memory.py: `attnlab train` fixes glibc's mmap threshold before the task prepares the run
 (so before any model loads) in a run that checkpoints its activations, and in any recipe's run that
-sets malloc_mmap_threshold; otherwise, with malloc_mmap_threshold=0 and under glibc's own
-MALLOC_MMAP_THRESHOLD_ it leaves glibc alone. Once the model is built, before the first step, it
+sets malloc_mmap_threshold; a run that does neither keeps its heap (32 MiB, no trimming: a freed block
+stays at the heap's top); with malloc_mmap_threshold=0 and under glibc's own MALLOC_MMAP_THRESHOLD_
+it leaves glibc alone. Once the model is built, before the first step, it
 hands the heap's free pages back (malloc_trim), which gives back memory freed amid live blocks.
 Properties of the process's allocator, observed in a subprocess (mallinfo2, /proc), not timings."""
 from __future__ import annotations
@@ -28,8 +29,9 @@ glibc = pytest.mark.skipif(LIBC != "glibc" or tuple(map(int, VERSION.split(".")[
                            reason="mallopt and mallinfo2 are glibc's (2.33+)")
 
 
-def probe(tmp_path, recipe: str, *sets: str, env: dict | None = None) -> bool:
-    """Whether a large block is mapped on its own when `attnlab train --recipe RECIPE` starts to prepare."""
+def probe(tmp_path, recipe: str, *sets: str, env: dict | None = None, key: str = "maps_a_large_block") -> bool:
+    """Whether a large block is mapped on its own (or with key="keeps_a_freed_heap_top", whether the
+    heap keeps a freed large block) when `attnlab train --recipe RECIPE` starts to prepare."""
     environ = {k: v for k, v in os.environ.items() if k != host_memory.GLIBC_ENV}
     root = Path(__file__).resolve().parents[2]
     environ["PYTHONPATH"] = os.pathsep.join([str(root), environ.get("PYTHONPATH", "")])
@@ -37,7 +39,7 @@ def probe(tmp_path, recipe: str, *sets: str, env: dict | None = None) -> bool:
                         "--out", str(tmp_path / "run"), *[x for s in sets for x in ("--set", s)]],
                        env={**environ, **(env or {})}, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])["maps_a_large_block"]
+    return json.loads(r.stdout.strip().splitlines()[-1])[key]
 
 
 @glibc
@@ -48,12 +50,25 @@ def test_train_fixes_the_mmap_threshold_before_the_model_loads(tmp_path, recipe,
 
 
 @glibc
-@pytest.mark.parametrize("recipe, sets", [("smollm2-lora-multi30k", []),  # keeps its activations: glibc's way
-                                          ("shakespeare-char", []),
-                                          ("smollm2-lora-multi30k", ["activation_checkpointing=true",
-                                                                     "malloc_mmap_threshold=0"])])
-def test_the_threshold_is_left_to_glibc(tmp_path, recipe, sets):
-    assert not probe(tmp_path, recipe, *sets)
+@pytest.mark.parametrize("recipe", ["smollm2-lora-multi30k", "shakespeare-char"])
+def test_a_run_that_keeps_its_activations_keeps_its_heap(tmp_path, recipe):
+    assert not probe(tmp_path, recipe)  # 32 MiB: the large block comes from the heap
+    assert probe(tmp_path, recipe, key="keeps_a_freed_heap_top")  # and stays there when freed (no trim)
+
+
+@glibc
+@pytest.mark.parametrize("recipe, sets", [("smollm2-lora-multi30k", ["activation_checkpointing=true"]),
+                                          ("shakespeare-char", ["malloc_mmap_threshold=131072"]),
+                                          ("shakespeare-char", ["malloc_mmap_threshold=0"])])
+def test_otherwise_the_heap_is_trimmed(tmp_path, recipe, sets):
+    # a fixed threshold trims at glibc's 128 KiB; glibc's dynamic one at twice the largest block it
+    # mapped and freed so far, below the probe's block before anything is loaded
+    assert not probe(tmp_path, recipe, *sets, key="keeps_a_freed_heap_top")
+
+
+@glibc
+def test_the_threshold_is_left_to_glibc(tmp_path):
+    assert not probe(tmp_path, "smollm2-lora-multi30k", "activation_checkpointing=true", "malloc_mmap_threshold=0")
 
 
 @glibc
@@ -62,11 +77,23 @@ def test_glibc_own_setting_stands(tmp_path):  # 32 MiB from the environment: the
                      env={host_memory.GLIBC_ENV: str(host_memory.MAX)})
 
 
-def test_the_default_fixes_it_for_checkpointing_runs_only():
+def test_the_default_is_small_for_checkpointing_runs_and_kept_for_others():
     assert host_memory.mmap_threshold(None, checkpointing=True) == host_memory.DEFAULT
-    assert host_memory.mmap_threshold(None, checkpointing=False) == 0
+    assert host_memory.mmap_threshold(None, checkpointing=False) == host_memory.MAX
     assert host_memory.mmap_threshold(0, checkpointing=True) == 0
     assert host_memory.mmap_threshold(1 << 20, checkpointing=False) == 1 << 20
+
+
+def test_heap_setup_says_what_it_did(monkeypatch):
+    calls = []
+    monkeypatch.setattr(host_memory, "fix_mmap_threshold", lambda n, keep_heap=False: calls.append((n, keep_heap)) or n > 0)
+    assert host_memory.heap_setup(None, checkpointing=False) == {
+        "malloc_mmap_threshold": host_memory.MAX, "heap_kept": True, "mmap_threshold_fixed": True}
+    assert host_memory.heap_setup(None, checkpointing=True)["heap_kept"] is False
+    assert host_memory.heap_setup(1 << 20, checkpointing=False)["heap_kept"] is False  # N bytes: trimmed as glibc's
+    assert host_memory.heap_setup(0, checkpointing=False) == {
+        "malloc_mmap_threshold": 0, "heap_kept": False, "mmap_threshold_fixed": False}
+    assert calls == [(host_memory.MAX, True), (host_memory.DEFAULT, False), (1 << 20, False), (0, False)]
 
 
 def test_bad_thresholds_name_the_field():

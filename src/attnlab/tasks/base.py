@@ -30,7 +30,7 @@ from attnlab.train import distributed
 from attnlab.train.checkpoint import load_weights
 from attnlab.train.config import TrainConfig
 from attnlab.train.guards import check_batch_memory
-from attnlab.train.host_memory import fix_mmap_threshold, mmap_threshold, release_free_memory
+from attnlab.train.host_memory import heap_setup, release_free_memory
 from attnlab.train.objective import Objective
 from attnlab.train.run_dir import (check_model_dir, check_out_dir, check_resume_recipe, read_run_config, run_lock,
                                    start_run_dir)
@@ -205,8 +205,7 @@ class Task:
             check_batch_memory(field_name, getattr(data_cfg, field_name), tokens, need)
         if train_cfg.threads:
             torch.set_num_threads(train_cfg.threads)
-        fix_mmap_threshold(mmap_threshold(train_cfg.malloc_mmap_threshold,
-                                          getattr(model_cfg, "activation_checkpointing", False)))
+        heap_setup(train_cfg.malloc_mmap_threshold, getattr(model_cfg, "activation_checkpointing", False))
         return RunSpec(out, resume, recipe.name, model_cfg, data_cfg, train_cfg, saved)
 
     def train(self, recipe, out: str | Path, resume: bool = False) -> dict:

@@ -53,8 +53,9 @@ class TrainConfig(Config):
     malloc_mmap_threshold: Optional[int] = None  # bytes: glibc maps blocks this large and more on their own,
                                       # fixed before the model loads, so freed tensors leave the resident memory
                                       # at once, for page faults each step (train/host_memory.py); None = 128 KiB
-                                      # in a run that checkpoints its activations (memory over speed), glibc's
-                                      # dynamic threshold otherwise; 0 = glibc's always
+                                      # in a run that checkpoints its activations (memory over speed), else
+                                      # 32 MiB with the heap kept (no trimming: steps reuse warm pages);
+                                      # 0 = glibc's dynamic threshold always
 
     def __post_init__(self):
         check_literals(self)
