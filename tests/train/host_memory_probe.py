@@ -35,14 +35,18 @@ def maps_a_large_block() -> bool:
 
 
 def keeps_a_freed_heap_top() -> bool:
-    """Whether the heap keeps a freed PROBE-byte block at its top: served from the heap (below the mmap
-    threshold) and not trimmed when freed (the trim threshold above it)."""
+    """Whether the heap keeps three freed PROBE-byte blocks: served from the heap (below the mmap
+    threshold) and not trimmed when freed, though together (72 MiB) they pass glibc's largest
+    dynamic trim threshold (twice 32 MiB)."""
     libc = ctypes.CDLL("libc.so.6")
     libc.malloc.restype, libc.malloc.argtypes, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
     libc.mallinfo2.restype = MallInfo2
-    before = libc.mallinfo2().arena
-    libc.free(libc.malloc(PROBE))
-    return libc.mallinfo2().arena - before >= PROBE
+    before = libc.mallinfo2()
+    blocks = [libc.malloc(PROBE) for _ in range(3)]
+    held = libc.mallinfo2()
+    for block in reversed(blocks):
+        libc.free(block)
+    return held.hblkhd == before.hblkhd and libc.mallinfo2().arena >= held.arena
 
 
 def stop_at_prepare(task_class) -> None:
