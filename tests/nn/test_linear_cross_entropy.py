@@ -14,7 +14,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnlab.nn.cross_entropy import label_smoothed_cross_entropy
-from attnlab.nn.linear_cross_entropy import chunk_rows_for, linear_cross_entropy
+from attnlab.nn.linear_cross_entropy import _fused, chunk_rows_for, linear_cross_entropy
 from attnlab.nn.quant_linear import quantize_model
 
 
@@ -184,3 +184,12 @@ def test_a_chunk_holds_about_chunk_bytes_of_logits():
     assert chunk_rows_for(49_152) == 128  # SmolLM2: the 128 rows measured (module doc)
     assert chunk_rows_for(8_000) == 786   # Multi30k's joint BPE
     assert chunk_rows_for(10**9) == 1
+
+
+def test_fp16_autocast_takes_the_composition():
+    head, hidden, targets = case(True)
+    h = hidden.clone().requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.float16):
+        assert not _fused(head, h)  # fp16's range: (p − y) / N would round into its subnormals
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert _fused(head, h)

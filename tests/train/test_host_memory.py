@@ -62,8 +62,31 @@ def test_a_run_that_keeps_its_activations_keeps_its_heap(tmp_path, recipe):
                                           ("shakespeare-char", ["malloc_mmap_threshold=0"])])
 def test_otherwise_the_heap_is_trimmed(tmp_path, recipe, sets):
     # a fixed threshold trims at glibc's 128 KiB; glibc's dynamic one at twice the largest block it
-    # mapped and freed so far, below the probe's block before anything is loaded
+    # mapped and freed so far (64 MiB at most), below the probe's 70 MiB of freed heap blocks
     assert not probe(tmp_path, recipe, *sets, key="keeps_a_freed_heap_top")
+
+
+RESET = """
+import json, sys
+sys.path.insert(0, {probe_dir!r})
+from host_memory_probe import keeps_a_freed_heap_top
+from attnlab.train import host_memory
+host_memory.fix_mmap_threshold(host_memory.MAX, keep_heap=True)
+kept = keeps_a_freed_heap_top()
+host_memory.fix_mmap_threshold(host_memory.DEFAULT)
+print(json.dumps([kept, keeps_a_freed_heap_top()]))
+"""
+
+
+@glibc
+def test_a_later_fixed_threshold_trims_again():
+    # mallopt's settings last for the process: a later run (or test) fixing 128 KiB trims at glibc's
+    # 128 KiB again, not at an earlier kept heap's 1 GiB
+    env = {k: v for k, v in os.environ.items() if k not in (host_memory.GLIBC_ENV, host_memory.GLIBC_TRIM_ENV)}
+    r = subprocess.run([sys.executable, "-c", RESET.format(probe_dir=str(PROBE.parent))], capture_output=True,
+                       text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == [True, False]
 
 
 @glibc

@@ -23,16 +23,17 @@ sums (tests/nn/test_linear_cross_entropy.py). Liger-Kernel's fused linear cross-
 2024, §3.2) does the same on GPUs.
 
 The head is an fp32 nn.Linear without bias (a trained or a frozen weight, tied to an embedding or
-not) or a QuantLinear (frozen; its product and its input gradient). Under CPU autocast (bf16 or fp16)
-an nn.Linear head takes the chunks too, with the products in autocast's dtype as autocast would run
+not) or a QuantLinear (frozen; its product and its input gradient). Under CPU bf16 autocast an
+nn.Linear head takes the chunks too, with the products in autocast's dtype as autocast would run
 them: z = round(h) round(W)ᵀ rounded to that dtype, then fp32 for the softmax and the loss (as
 autocast's fp32 log_softmax reads the composition's low-precision logits), and the chunk's ∂loss/∂z
 rounded to that dtype for its two products (as the gradient reaches autocast's product); ∂/∂W adds
 the chunks' rounded products in fp32, where the composition rounds one product of all N rows (the
 same loss; gradients as close to fp32's as the composition's). A chunk then also makes, for a moment,
-its low-precision (C, V) product and gradient (half the size each). Anything else (autocast of a
-QuantLinear head, a bf16 hidden state, a bias, a sharded weight; no gradient needed) takes the
-composition: label_smoothed_cross_entropy of head(h).
+its low-precision (C, V) product and gradient (half the size each). Anything else (fp16 autocast,
+whose range would flush the small (p − y) / N to zero; autocast of a QuantLinear head; a bf16 hidden
+state, a bias, a sharded weight; no gradient needed) takes the composition:
+label_smoothed_cross_entropy of head(h).
 
 A chunk holds about CHUNK_BYTES of logits: 128 rows of SmolLM2's 49,152 tokens, 786 of Multi30k's
 8,000. The translation step (fp32, 2 threads, AMD EPYC Zen 3, 2,000-token batches) against the
@@ -71,8 +72,8 @@ def _fused(head: nn.Module, hidden: torch.Tensor) -> bool:
     if not (torch.is_grad_enabled() and trained) or hidden.dtype != torch.float32 or hidden.dim() != 2:
         return False
     autocast = torch.is_autocast_enabled(hidden.device.type)
-    if autocast and hidden.device.type != "cpu":
-        return False
+    if autocast and (hidden.device.type != "cpu" or torch.get_autocast_dtype("cpu") != torch.bfloat16):
+        return False  # fp16 would round (p − y) / N into its subnormals
     if isinstance(head, QuantLinear):
         return head.bias is None and not autocast
     return (isinstance(head, nn.Linear) and head.bias is None and type(head.weight.data) is torch.Tensor
@@ -156,5 +157,6 @@ def linear_cross_entropy(hidden: torch.Tensor, head: nn.Module, targets: torch.T
     if isinstance(head, QuantLinear) or not weight.requires_grad:
         weight = weight.detach()
     chunk = chunk_rows_for(head.out_features) if chunk_rows is None else chunk_rows
-    low = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
+    cpu_autocast = hidden.device.type == "cpu" and torch.is_autocast_enabled("cpu")
+    low = torch.get_autocast_dtype("cpu") if cpu_autocast else None
     return _LinearCrossEntropy.apply(hidden, weight, targets, head, float(label_smoothing), chunk, pad_id, low)

@@ -14,7 +14,7 @@ step keeps ~68 MB of saved tensors, yet its resident memory grew ~480 MB (bench/
 memory).
 
 `fix_mmap_threshold(nbytes)` calls mallopt(M_MMAP_THRESHOLD, nbytes), which also turns the dynamic
-rise off (for the trim threshold too, which stays at glibc's 128 KiB): blocks of `nbytes` and more
+rise off (for the trim threshold too, which it fixes at glibc's 128 KiB): blocks of `nbytes` and more
 are mapped and unmapped, so the resident memory follows the live tensors. It must run before the
 model loads: a large request is still served from free heap space when there is some, so a heap
 already swollen by loading keeps serving the steps (set after loading, it changed nothing:
@@ -42,7 +42,8 @@ anyway (410 MB both for the Mamba run; 1.23-1.27 GB against 1.26-1.27 GB for the
 `heap_setup(setting, checkpointing)` says which (TrainConfig.malloc_mmap_threshold, applied by
 tasks/base.py before anything is built, for every recipe; the benches call it the same way): None =
 by checkpointing as above; 0 = glibc's dynamic threshold always; N = N bytes always (trimmed at
-glibc's 128 KiB). Where the environment sets glibc's own MALLOC_MMAP_THRESHOLD_, that stands. It
+glibc's 128 KiB). Where the environment sets glibc's own MALLOC_MMAP_THRESHOLD_ (or
+MALLOC_TRIM_THRESHOLD_), that stands. It
 changes no value computed. Elsewhere than Linux with glibc (musl, macOS, Windows) it does nothing
 and says so (fix_mmap_threshold returns False).
 
@@ -63,6 +64,7 @@ import platform
 M_TRIM_THRESHOLD = -1  # glibc's malloc.h
 M_MMAP_THRESHOLD = -3
 GLIBC_ENV = "MALLOC_MMAP_THRESHOLD_"  # glibc's own tunable, read when the process starts
+GLIBC_TRIM_ENV = "MALLOC_TRIM_THRESHOLD_"  # likewise for the trim threshold (also GLIBC_TUNABLES' malloc ones)
 DEFAULT = 128 << 10  # bytes: glibc's initial threshold (DEFAULT_MMAP_THRESHOLD_MIN), kept fixed
 MAX = 32 << 20  # bytes: glibc's largest (HEAP_MAX_SIZE / 2 on 64-bit); mallopt refuses more
 KEEP_TRIM = 1 << 30  # bytes: the trim threshold of a kept heap: its free top goes back only past 1 GiB
@@ -84,12 +86,13 @@ def mmap_threshold(setting: int | None, checkpointing: bool) -> int:
 
 def fix_mmap_threshold(nbytes: int, keep_heap: bool = False) -> bool:
     """Serve blocks of `nbytes` bytes and more with their own mappings, unmapped when freed, from now
-    on in this process, and stop glibc's thresholds from rising (module docstring); with keep_heap,
-    also fix the trim threshold at KEEP_TRIM, so the heap keeps what the steps free.
+    on in this process, and stop glibc's thresholds from rising (module docstring); the trim threshold
+    fixed with it: KEEP_TRIM with keep_heap (the heap keeps what the steps free), else glibc's 128 KiB
+    (also after an earlier keep_heap call in this process), unless the environment sets glibc's own.
 
     Args:
         nbytes: the threshold in bytes, 0 < nbytes <= MAX; 0 = do nothing (glibc's dynamic default).
-        keep_heap: fix the trim threshold at KEEP_TRIM too (else it stays at glibc's 128 KiB).
+        keep_heap: the trim threshold KEEP_TRIM (else DEFAULT, glibc's initial one).
     Returns:
         whether the threshold was set: False for 0, where the environment sets MALLOC_MMAP_THRESHOLD_
         (the user's choice stands), and off glibc.
@@ -103,10 +106,17 @@ def fix_mmap_threshold(nbytes: int, keep_heap: bool = False) -> bool:
         return False
     try:
         libc = ctypes.CDLL("libc.so.6")
-        return bool(libc.mallopt(M_MMAP_THRESHOLD, int(nbytes))) and (
-            not keep_heap or bool(libc.mallopt(M_TRIM_THRESHOLD, KEEP_TRIM)))
+        fixed = bool(libc.mallopt(M_MMAP_THRESHOLD, int(nbytes)))
+        if fixed and not _trim_set_by_environment():
+            libc.mallopt(M_TRIM_THRESHOLD, KEEP_TRIM if keep_heap else DEFAULT)
+        return fixed
     except (OSError, AttributeError):
         return False
+
+
+def _trim_set_by_environment() -> bool:
+    """Whether glibc's own trim threshold is set for this process (MALLOC_TRIM_THRESHOLD_, GLIBC_TUNABLES)."""
+    return GLIBC_TRIM_ENV in os.environ or "glibc.malloc.trim_threshold" in os.environ.get("GLIBC_TUNABLES", "")
 
 
 def heap_setup(setting: int | None, checkpointing: bool) -> dict:
@@ -125,7 +135,8 @@ def heap_setup(setting: int | None, checkpointing: bool) -> dict:
     nbytes = mmap_threshold(setting, checkpointing)
     keep = setting is None and not checkpointing
     fixed = fix_mmap_threshold(nbytes, keep_heap=keep)
-    return {"malloc_mmap_threshold": nbytes, "heap_kept": keep and fixed, "mmap_threshold_fixed": fixed}
+    return {"malloc_mmap_threshold": nbytes, "heap_kept": keep and fixed and not _trim_set_by_environment(),
+            "mmap_threshold_fixed": fixed}
 
 
 def release_free_memory() -> bool:
