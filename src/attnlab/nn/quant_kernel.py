@@ -18,7 +18,8 @@ Two implementations of each formula:
              through simd_compat.h (SIMDe) on CPUs with AVX2, FMA and F16C only (INSTRUCTION_SETS). The same extension holds the fused decode step
              (fused_decode.cpp, used by nn/fused_decode.py), which shares the int8 code (quant_kernel.h),
              Mamba's selective scan and causal convolution (ssm_scan.cpp, causal_conv.cpp: nn/ssm.py,
-             nn/causal_conv.py), and the short attention of training (short_attention.cpp:
+             nn/causal_conv.py), RMSNorm's training pass (rms_norm.cpp: nn/norm.py), and the short
+             attention of training (short_attention.cpp:
              nn/short_attention.py);
     "torch"  the pure-PyTorch reference: dequantize W (in slices of rows) and call F.linear.
 A weight in the kernel's tiled layout (nn/quant.py QuantWeight.tile, made once by
@@ -49,7 +50,7 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None
 
 SOURCES = [Path(__file__).with_name(n) for n in ("quant_kernel.cpp", "fused_decode.cpp", "ssm_scan.cpp",
-                                                  "causal_conv.cpp", "short_attention.cpp")]
+                                                  "causal_conv.cpp", "short_attention.cpp", "rms_norm.cpp")]
 # every header beside the sources (package data nn/*.h): each is part of the build's digest (_extension_name),
 # so a changed header, one added since too, builds anew (a list by hand had missed one: a stale build loaded)
 HEADERS = sorted(Path(__file__).parent.glob("*.h"))
