@@ -22,9 +22,9 @@ class RMSNorm(nn.Module):
     which the norm's own backward keeps anyway.
 
     fp32 CPU rows, where the C++ extension builds (nn/quant_kernel.py), take rms_norm.cpp: one pass
-    over each row forward and backward in place of the composition's ~15 operator calls (equal to it
-    to fp32 rounding: tests/nn/test_rms_norm_kernel.py), with or without gradients, so a forward's
-    bits do not depend on which inputs require them; elsewhere the composition.
+    over each row forward and backward in place of the composition's ~15 operator calls (the forward
+    its values bit for bit, the gradients to fp32 rounding: tests/nn/test_rms_norm_kernel.py), with
+    or without gradients; elsewhere the composition.
 
     Args:
         d_model: D. eps: added to the mean square.

@@ -1,6 +1,8 @@
-// RMSNorm of training (nn/norm.py), forward and backward, one pass over each row: the mean square,
-// its reciprocal root and the scaled output in the forward; the row's dot product and both gradients
-// in the backward, where the composition of PyTorch's ops runs ~10 passes and as many operator calls.
+// RMSNorm (nn/norm.py), forward and backward, one pass over each row: the mean square, its reciprocal
+// root and the scaled output in the forward; the row's dot product and both gradients in the backward,
+// where the composition of PyTorch's ops runs ~10 passes and as many operator calls. The forward is
+// the composition's bit for bit: Σ x² in the order of PyTorch's sum (decode_ops.h torch_sum_squares,
+// as the fused decoding step's norm), then its divisions and products in nn/norm.py's order.
 //
 // Shapes (fp32, contiguous): x (..., D), R rows of D, w (D,) the gain; y and ∂x x's shape, rstd (R,). With r = 1 / sqrt(mean_j x_j² + eps):
 //   y = w ⊙ (x · r)                                      (the order nn/norm.py's composition rounds in)
@@ -18,7 +20,8 @@
 #include <tuple>
 #include <vector>
 
-#include "lanes.h"  // Vec, Mask, kLanes (16 with AVX512, 8 with AVX2) and the functions on them
+#include "decode_ops.h"  // torch_sum_squares: PyTorch's order of Σ x²
+#include "lanes.h"       // Vec, Mask, kLanes (16 with AVX512, 8 with AVX2) and the functions on them
 
 namespace {
 
@@ -32,16 +35,6 @@ void check(const at::Tensor& x, const at::Tensor& w) {
               w.is_contiguous(), "w must be contiguous (D,) fp32");
 }
 
-// Σ_j a_j b_j over one row of d floats
-inline float dot(const float* a, const float* b, int64_t d) {
-  Vec acc = zero();
-  for (int64_t j = 0; j < d; j += kLanes) {
-    const Mask m = lanes(j, d);
-    acc = fmadd(load(a + j, m), load(b + j, m), acc);
-  }
-  return hsum(acc);
-}
-
 std::tuple<at::Tensor, at::Tensor> rms_forward(const at::Tensor& x, const at::Tensor& w, double eps) {
   check(x, w);
   const int64_t D = x.size(-1), R = x.numel() / D;
@@ -51,7 +44,8 @@ std::tuple<at::Tensor, at::Tensor> rms_forward(const at::Tensor& x, const at::Te
   at::parallel_for(0, R, 16, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const float* xr = xp + r * D;
-      const float inv = 1.0f / std::sqrt(dot(xr, xr, D) / static_cast<float>(D) + static_cast<float>(eps));
+      const float inv = 1.0f / std::sqrt(attnlab_decode::torch_sum_squares(xr, D) / static_cast<float>(D) +
+                                         static_cast<float>(eps));
       rp[r] = inv;
       const Vec iv = set1(inv);
       for (int64_t j = 0; j < D; j += kLanes) {
