@@ -35,7 +35,7 @@ def test_equals_the_composition(shape):
     x, g = torch.randn(shape) * 3, torch.randn(shape)
     ours = grads(n, x, g, n)
     ref = grads(n, x, g, n._normalize)
-    assert ours[0].grad_fn is None and n(x.requires_grad_(True)).grad_fn.name().endswith("_FusedRMSNormBackward")
+    assert n(x.clone().requires_grad_(True)).grad_fn.name().endswith("_FusedRMSNormBackward")  # the kernel ran
     assert torch.equal(ours[0], ref[0])
     for a, b in zip(ours[1:], ref[1:]):
         assert (a - b).abs().max() <= 1e-6 * b.abs().max()

@@ -96,9 +96,14 @@ inline float torch_sum_squares(const float* x, int64_t n, int lanes = kSumLanes)
   return total;
 }
 
-// y = RMSNorm(x) · g = g · (x · (1 / sqrt(Σx² / n + eps))), nn/norm.py's operations in its order
+// r = 1 / sqrt(Σx² / n + eps), RMSNorm's scale of a row, nn/norm.py's operations in its order
+inline float rms_inverse(const float* x, int64_t n, float eps) {
+  return 1.0f / std::sqrt(torch_sum_squares(x, n) / (float)n + eps);
+}
+
+// y = RMSNorm(x) · g = g · (x · r), nn/norm.py's operations in its order
 inline void rmsnorm(const float* x, const float* g, int64_t n, float eps, float* y) {
-  const float r = 1.0f / std::sqrt(torch_sum_squares(x, n) / (float)n + eps);
+  const float r = rms_inverse(x, n, eps);
   for (int64_t i = 0; i < n; ++i) y[i] = g[i] * (x[i] * r);
 }
 

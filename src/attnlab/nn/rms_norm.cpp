@@ -1,10 +1,11 @@
 // RMSNorm (nn/norm.py), forward and backward, one pass over each row: the mean square, its reciprocal
 // root and the scaled output in the forward; the row's dot product and both gradients in the backward,
 // where the composition of PyTorch's ops runs ~10 passes and as many operator calls. The forward is
-// the composition's bit for bit: Σ x² in the order of PyTorch's sum (decode_ops.h torch_sum_squares,
-// as the fused decoding step's norm), then its divisions and products in nn/norm.py's order.
+// the composition's bit for bit: the row's scale by decode_ops.h rms_inverse (Σ x² in the order of
+// PyTorch's sum, as the fused decoding step's norm), then the products in nn/norm.py's order.
 //
-// Shapes (fp32, contiguous): x (..., D), R rows of D, w (D,) the gain; y and ∂x x's shape, rstd (R,). With r = 1 / sqrt(mean_j x_j² + eps):
+// Shapes (fp32, contiguous): x (..., D), R rows of D, w (D,) the gain; y and ∂x x's shape, rstd (R,).
+// With r = 1 / sqrt(mean_j x_j² + eps):
 //   y = w ⊙ (x · r)                                      (the order nn/norm.py's composition rounds in)
 //   ∂x = r · (g ⊙ w) − x · r³ · Σ_j g_j w_j x_j / D       ∂w = Σ_rows g ⊙ x · r
 // ∂w is written per block of kRows rows (partial sums the caller adds in order): the blocks depend on
@@ -17,10 +18,10 @@
 #include "simd_compat.h"
 #include <cmath>
 #include <cstdint>
+#include <algorithm>
 #include <tuple>
-#include <vector>
 
-#include "decode_ops.h"  // torch_sum_squares: PyTorch's order of Σ x²
+#include "decode_ops.h"  // rms_inverse: the fused decoding step's scale, Σ x² in PyTorch's order
 #include "lanes.h"       // Vec, Mask, kLanes (16 with AVX512, 8 with AVX2) and the functions on them
 
 namespace {
@@ -44,8 +45,7 @@ std::tuple<at::Tensor, at::Tensor> rms_forward(const at::Tensor& x, const at::Te
   at::parallel_for(0, R, 16, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const float* xr = xp + r * D;
-      const float inv = 1.0f / std::sqrt(attnlab_decode::torch_sum_squares(xr, D) / static_cast<float>(D) +
-                                         static_cast<float>(eps));
+      const float inv = attnlab_decode::rms_inverse(xr, D, static_cast<float>(eps));
       rp[r] = inv;
       const Vec iv = set1(inv);
       for (int64_t j = 0; j < D; j += kLanes) {
