@@ -35,9 +35,9 @@ mapped block freed so far (a few MB), and the next step faulted the pages in aga
 an AMD EPYC Zen 5 (a throwaway mmap-and-touch loop): the translation step (multi30k-en-de, bf16,
 2,000-token batches) 26,000-30,000 minor faults a step, ~3,500 kept, 328-369 -> 281-322 ms in three
 alternated pairs (bench/train_step.py with and without --malloc-mmap-threshold 0,
-bench/results/train_step_heap_kept_zen5.jsonl); the Mamba recipe alone ~850-1,800 a step, 0-4 kept. The
-resident memory is then the heap's high-water mark, which a training process reaches every step
-anyway (410 MB both for the Mamba run; 1.23-1.27 GB against 1.26-1.27 GB for the translation run).
+bench/results/train_step_heap_kept_zen5.jsonl); the Mamba recipe alone 1,976-2,790 a step, 12-15 kept
+(..._heap_kept_mamba_zen5.jsonl). The resident memory is then the heap's high-water mark, which a
+training process reaches every step anyway (410 MB both for the Mamba run; 1.23-1.27 GB against 1.26-1.27 GB for the translation run).
 
 `heap_setup(setting, checkpointing)` says which (TrainConfig.malloc_mmap_threshold, applied by
 tasks/base.py before anything is built, for every recipe; the benches call it the same way): None =
